@@ -1,0 +1,137 @@
+"""Inputs of the pure core. Time, ids and outcomes of I/O arrive here as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from processors.ledger.state import CallContext
+from schemas.errors import ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The part of a tool's manifest that the state machine needs."""
+
+    max_attempts: int = 3  # handler attempts per execution round
+    max_rounds: int = 3  # execution rounds per call key (calls that find FAILED_RETRYABLE)
+    has_reconcile: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A validated, authorised intent reached the idempotency decision."""
+
+    context: CallContext
+    arguments_redacted_json: str
+    policy: Policy
+    now: datetime
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    result_json: str
+    downstream_request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    error: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The handler was dispatched and did not answer: the effect may or may not have happened."""
+
+    reason: str
+
+
+AttemptOutcome = Success | Failure | TimedOut
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFinished:
+    context: CallContext
+    attempt: int
+    outcome: AttemptOutcome
+    duration_ms: int
+    arguments_redacted_json: str
+    policy: Policy
+    now: datetime
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """Reconcile: the downstream has the effect."""
+
+    result_json: str
+    downstream_request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FoundFailed:
+    """Reconcile: the downstream refused the request for good."""
+
+    error: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class NotHappened:
+    """Reconcile: the downstream has no trace of the request, so running it is safe."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inconclusive:
+    reason: str
+
+
+ReconcileOutcome = Found | FoundFailed | NotHappened | Inconclusive
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileFinished:
+    """``by_intent``: a caller's retry triggered it (and may execute); else the sweeper did."""
+
+    context: CallContext
+    outcome: ReconcileOutcome
+    by_intent: bool
+    arguments_redacted_json: str
+    policy: Policy
+    now: datetime
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """A new owner took over the key's partition."""
+
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """The background reconciler looks at an UNKNOWN key."""
+
+    policy: Policy
+    now: datetime
+
+
+Command = Submit | AttemptFinished | ReconcileFinished | Recover | Sweep
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Run the handler. ``round_attempt`` >= 2 means: back off first."""
+
+    attempt: int
+    round_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    reconcile_attempt: int
+
+
+Action = Execute | Reconcile

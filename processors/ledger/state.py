@@ -1,0 +1,59 @@
+"""The state of one call key, and the context its events are stamped with."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.errors import ErrorInfo
+from schemas.events import Envelope
+from schemas.status import CallStatus
+
+
+class CallContext(BaseModel):
+    """Everything an outcome event's envelope repeats from the intent that caused it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call_key: str
+    tenant_id: str
+    tool: str
+    tool_version: str
+    idempotency_key: str
+    args_digest: str
+    intent_id: str
+    run_id: str | None = None
+    step_id: str | None = None
+    principal: str | None = None
+    trace_id: str | None = None
+
+    def envelope(self, event_id: str, occurred_at: datetime) -> Envelope:
+        return Envelope(event_id=event_id, occurred_at=occurred_at, **self.model_dump())
+
+    @classmethod
+    def of(cls, envelope: Envelope) -> CallContext:
+        return cls(**envelope.model_dump(exclude={"event_id", "occurred_at", "schema_version"}))
+
+
+class CallState(BaseModel):
+    """What the ledger knows about one call key: the fold of its outcome events."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: CallStatus
+    context: CallContext  # of the intent whose execution round is the latest one
+    first_intent_id: str
+    attempts: int = 0  # handler invocations, all rounds together
+    rounds: int = 0  # execution rounds started
+    round_attempts: int = 0  # handler invocations in the current round
+    reconcile_attempts: int = 0
+    result_json: str | None = None
+    error: ErrorInfo | None = None
+    created_at: datetime
+    updated_at: datetime
+    last_event_id: str
+
+    @property
+    def args_digest(self) -> str:
+        return self.context.args_digest

@@ -1,0 +1,309 @@
+"""The executor stages, written once and used by every runtime.
+
+    parse and validate -> authorise -> idempotency decision (pure core) -> execute with a
+    timeout -> normalise the result or error -> append the outcome
+
+A runtime supplies a :class:`CallPort` per intent: the current state of call keys and a
+``commit`` that makes events durable (and fenced) before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from processors.ledger import (
+    AttemptFinished,
+    AttemptOutcome,
+    CallContext,
+    CallState,
+    Decision,
+    Execute,
+    Failure,
+    Found,
+    Inconclusive,
+    ReconcileFinished,
+    ReconcileOutcome,
+    Submit,
+    Success,
+    Sweep,
+    TimedOut,
+    decide,
+)
+from processors.tools.manifest import HandlerResult, Tool, ToolContext, ToolError
+from processors.tools.redaction import Redactor
+from processors.tools.registry import ToolRegistry
+from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
+from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.events import (
+    Event,
+    FailureDisposition,
+    ToolCallFailed,
+    ToolCallRejected,
+    ToolCallRequested,
+    ToolCallSucceeded,
+)
+from schemas.keys import CallKey, InvalidIdempotencyKey, check_idempotency_key
+
+log = logging.getLogger("toolledger.executor")
+
+DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
+
+
+class CallPort(Protocol):
+    """What the stages need from a runtime, for the call keys of one partition."""
+
+    epoch: int
+
+    def state(self, call_key: str) -> CallState | None: ...
+
+    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
+        """Durably append ``events`` (and the states they lead to) or raise.
+
+        ``final`` marks the last commit for the current input record, so its position may
+        be committed with it.
+        """
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    tool: Tool
+    arguments: BaseModel
+    context: CallContext
+    redacted_json: str
+
+
+Authorizer = Callable[[ToolCallRequested, Tool], ErrorInfo | None]
+
+
+def _reject_nan(token: str) -> Any:
+    raise CanonicalJsonError(f"{token} is not a valid JSON number")
+
+
+class Stages:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        redactor: Redactor,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        authorize: Authorizer | None = None,
+    ) -> None:
+        self.registry = registry
+        self.redactor = redactor
+        self.clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.max_argument_bytes = max_argument_bytes
+        self.authorize = authorize or scope_check
+
+    # -- stage 1 and 2: parse, validate, authorise --------------------------------------------
+
+    def admit(self, intent: ToolCallRequested) -> Admitted | ToolCallRejected:
+        env = intent.envelope
+
+        def reject(code: ErrorCode, message: str,
+                   fields: Sequence[FieldError] = ()) -> ToolCallRejected:
+            return ToolCallRejected(
+                envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
+                error=ErrorInfo.of(code, message), field_errors=list(fields))
+
+        tool = self.registry.get(env.tool)
+        if tool is None:
+            return reject(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {env.tool!r}.")
+        size = len(intent.arguments_json.encode("utf-8"))
+        if size > self.max_argument_bytes:
+            return reject(ErrorCode.PAYLOAD_TOO_LARGE,
+                          f"The arguments have {size} bytes; the limit is "
+                          f"{self.max_argument_bytes}.")
+        if tool.keyed:
+            if not env.idempotency_key:
+                return reject(ErrorCode.IDEMPOTENCY_KEY_MISSING,
+                              f"{tool.name} changes something, so it needs an idempotency key.")
+            try:
+                check_idempotency_key(env.idempotency_key)
+            except InvalidIdempotencyKey as exc:
+                return reject(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + ".")
+        try:
+            raw = json.loads(intent.arguments_json, parse_constant=_reject_nan)
+        except (ValueError, CanonicalJsonError) as exc:
+            return reject(ErrorCode.VALIDATION_FAILED, f"The arguments are not valid JSON: {exc}")
+        if not isinstance(raw, dict):
+            return reject(ErrorCode.VALIDATION_FAILED, "The arguments must be a JSON object.")
+        try:
+            arguments = tool.arguments.model_validate(raw)
+        except ValidationError as exc:
+            fields = [FieldError(loc=".".join(str(p) for p in e["loc"]) or "$",
+                                 msg=e["msg"], type=e["type"]) for e in exc.errors()]
+            return reject(ErrorCode.VALIDATION_FAILED,
+                          f"{len(fields)} argument(s) of {tool.name} are invalid.", fields)
+        denied = self.authorize(intent, tool)
+        if denied is not None:
+            return ToolCallRejected(
+                envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
+                error=denied)
+        validated = arguments.model_dump(mode="json")
+        context = CallContext.of(env).model_copy(update={
+            "tool_version": tool.version, "args_digest": args_digest(validated)})
+        return Admitted(tool, arguments, context,
+                        self.redactor.redacted_json(validated, tool.redact_fields))
+
+    # -- the driver: one intent, from decision to final outcome -------------------------------
+
+    async def run_intent(self, intent: ToolCallRequested, port: CallPort) -> None:
+        admitted = self.admit(intent)
+        if isinstance(admitted, ToolCallRejected):
+            await port.commit([admitted], final=True)
+            return
+        if not admitted.tool.keyed:
+            await port.commit([await self._run_read_only(admitted)], final=True)
+            return
+        ctx = admitted.context
+        decision = decide(port.state(ctx.call_key), Submit(
+            context=ctx, arguments_redacted_json=admitted.redacted_json,
+            policy=admitted.tool.policy, now=intent.envelope.occurred_at, epoch=port.epoch))
+        await self._drive(admitted, decision, port, by_intent=True)
+
+    async def run_sweep(self, call_key: str, port: CallPort) -> None:
+        """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
+        state = port.state(call_key)
+        tool = self.registry.get(state.context.tool) if state else None
+        if state is None or tool is None:
+            return
+        decision = decide(state, Sweep(policy=tool.policy, now=self.clock.now()))
+        admitted = Admitted(tool, tool.arguments.model_construct(), state.context, "{}")
+        await self._drive(admitted, decision, port, by_intent=False)
+
+    async def _drive(self, admitted: Admitted, decision: Decision, port: CallPort, *,
+                     by_intent: bool) -> None:
+        tool, ctx = admitted.tool, admitted.context
+        while True:
+            # Executor invariant: the Started event is durable (and the commit not fenced)
+            # before the handler runs; a commit that raises ends the loop without running it.
+            await port.commit(decision.events, final=decision.action is None)
+            action = decision.action
+            if action is None:
+                return
+            state = port.state(ctx.call_key)
+            if isinstance(action, Execute):
+                if action.round_attempt > 1:
+                    await asyncio.sleep(tool.retry.backoff_s(action.round_attempt, self.rng.random()))
+                started = self.clock.monotonic()
+                outcome = await self._attempt(admitted, action.attempt)
+                duration_ms = int((self.clock.monotonic() - started) * 1000)
+                decision = decide(state, AttemptFinished(
+                    context=ctx, attempt=action.attempt, outcome=outcome, duration_ms=duration_ms,
+                    arguments_redacted_json=admitted.redacted_json, policy=tool.policy,
+                    now=self.clock.now(), epoch=port.epoch))
+            else:
+                found = await self._reconcile(tool, ctx, action.reconcile_attempt)
+                decision = decide(state, ReconcileFinished(
+                    context=ctx, outcome=found, by_intent=by_intent,
+                    arguments_redacted_json=admitted.redacted_json, policy=tool.policy,
+                    now=self.clock.now(), epoch=port.epoch))
+
+    def _tool_context(self, tool: Tool, ctx: CallContext, attempt: int) -> ToolContext:
+        return ToolContext(
+            tenant_id=ctx.tenant_id, principal=ctx.principal, tool=tool.name,
+            call_key=ctx.call_key, call_id=CallKey.parse(ctx.call_key).call_id,
+            idempotency_key=ctx.idempotency_key, attempt=attempt,
+            deadline=self.clock.now() + timedelta(seconds=tool.timeout_s))
+
+    async def _attempt(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
+        tool = admitted.tool
+        tctx = self._tool_context(tool, admitted.context, attempt)
+        try:
+            async with asyncio.timeout(tool.timeout_s):
+                returned = await tool.handler(admitted.arguments, tctx)
+        except ToolError as exc:
+            return Failure(exc.info)
+        except TimeoutError:
+            return TimedOut(f"No answer from {tool.name} within {tool.timeout_s:g} s.")
+        except Exception as exc:  # the effect may have happened before it raised
+            log.warning("handler raised", extra={"tool": tool.name, "call_id": tctx.call_id,
+                                                 "exception": type(exc).__name__})
+            return TimedOut(f"{tool.name} raised {type(exc).__name__} after dispatch.")
+        try:
+            return _normalise(tool, returned)
+        except (ValidationError, CanonicalJsonError) as exc:
+            log.warning("handler returned an invalid result",
+                        extra={"tool": tool.name, "call_id": tctx.call_id,
+                               "exception": type(exc).__name__})
+            return TimedOut(f"{tool.name} returned a result that does not match its model.")
+
+    async def _reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
+        assert tool.reconcile is not None
+        try:
+            async with asyncio.timeout(tool.timeout_s):
+                return await tool.reconcile(self._tool_context(tool, ctx, 0))
+        except TimeoutError:
+            return Inconclusive(f"reconcile query {n} got no answer within {tool.timeout_s:g} s")
+        except Exception as exc:
+            return Inconclusive(f"reconcile query {n} raised {type(exc).__name__}")
+
+    async def _run_read_only(self, admitted: Admitted) -> Event:
+        ctx, tool = admitted.context, admitted.tool
+        started = self.clock.monotonic()
+        outcome = await self._attempt(admitted, 1)
+        duration_ms = int((self.clock.monotonic() - started) * 1000)
+        env = ctx.envelope
+        if isinstance(outcome, Success):
+            return ToolCallSucceeded(
+                envelope=env(f"{ctx.intent_id}/succeeded/1", self.clock.now()), attempt=1,
+                result_json=outcome.result_json,
+                downstream_request_id=outcome.downstream_request_id, duration_ms=duration_ms)
+        error = outcome.error if isinstance(outcome, Failure) else ErrorInfo.of(
+            ErrorCode.INTERNAL, outcome.reason)
+        return ToolCallFailed(
+            envelope=env(f"{ctx.intent_id}/failed/1", self.clock.now()), attempt=1, error=error,
+            disposition=FailureDisposition.FINAL, fingerprint="", duration_ms=duration_ms)
+
+
+def _normalise(tool: Tool, returned: BaseModel | HandlerResult) -> Success:
+    request_id = None
+    if isinstance(returned, HandlerResult):
+        request_id = returned.downstream_request_id
+        value: Any = returned.value
+    else:
+        value = returned
+    model = tool.result.model_validate(
+        value.model_dump() if isinstance(value, BaseModel) else value)
+    return Success(canonical_json(model.model_dump(mode="json")), request_id)
+
+
+def scope_check(intent: ToolCallRequested, tool: Tool) -> ErrorInfo | None:
+    """Default authorisation: the caller's trusted scopes must include the tool's scopes."""
+    missing = sorted(tool.scopes - set(intent.scopes))
+    if missing:
+        return ErrorInfo.of(ErrorCode.FORBIDDEN,
+                            f"{tool.name} needs the scope(s) {missing}, which this caller lacks.")
+    return None
+
+
+def reconcile_found(value: BaseModel, downstream_request_id: str | None = None) -> Found:
+    """Helper for reconcile hooks: the downstream has the effect, with this result."""
+    return Found(canonical_json(value.model_dump(mode="json")), downstream_request_id)

@@ -1,0 +1,319 @@
+"""One owned input partition: ordering per key, concurrency across keys, group commit.
+
+Shared by every runtime; a runtime supplies the :class:`PartitionStore` (how a batch of
+outcome events, call states and the input position become durable in one atomic write).
+
+Timeline of one intent (``commit`` = one atomic write of the whole queued batch)::
+
+    feed(offset) --> [wait for the previous intent of the same key]
+      --> admit/decide --> commit(Started, ...)      # transaction 1: durable before the handler
+      --> handler (other keys run meanwhile, bounded by ``concurrency``)
+      --> commit(Succeeded | Failed | Unknown, position)  # transaction 2: outcome + offset
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Protocol
+
+from processors.ledger import CallState, Recover, decide, evolve
+from processors.pipeline import Stages
+from schemas.codec import CodecError, decode
+from schemas.events import Event, ToolCallRequested
+from schemas.status import CallStatus
+
+log = logging.getLogger("toolledger.partition")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    offset: int
+    reason: str
+    value: bytes
+
+
+@dataclass(slots=True)
+class CommitBatch:
+    partition: int
+    events: list[Event] = field(default_factory=list)
+    states: dict[str, CallState] = field(default_factory=dict)
+    next_offset: int | None = None  # input position after this batch; None: unchanged
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
+class PartitionStore(Protocol):
+    async def load_states(self, partition: int) -> dict[str, CallState]: ...
+
+    async def commit(self, batch: CommitBatch) -> None:
+        """Write the batch atomically, or raise (e.g. fenced by a newer owner)."""
+
+
+class PartitionFailed(RuntimeError):
+    """The partition's store refused a write; this worker must stop and do nothing more."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    events: Sequence[Event]
+    done_offset: int | None
+    future: asyncio.Future[None]
+    dead_letter: DeadLetter | None = None
+
+
+class _Watermark:
+    """Input position = one past the longest prefix of fed offsets that is fully processed."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        self._inflight: deque[list[int | bool]] = deque()
+
+    def fed(self, offset: int) -> None:
+        self._inflight.append([offset, False])
+
+    def done(self, offset: int) -> None:
+        for item in self._inflight:
+            if item[0] == offset:
+                item[1] = True
+                break
+        while self._inflight and self._inflight[0][1]:
+            self.position = int(self._inflight.popleft()[0]) + 1
+
+
+class PartitionWorker:
+    def __init__(
+        self,
+        partition: int,
+        position: int,
+        store: PartitionStore,
+        stages: Stages,
+        *,
+        epoch: int,
+        concurrency: int = 64,
+        max_record_bytes: int = 2 << 20,
+        on_committed: Callable[[Sequence[Event]], None] | None = None,
+        sweep_interval_s: float = 1.0,
+    ) -> None:
+        self.partition = partition
+        self.epoch = epoch
+        self.states: dict[str, CallState] = {}
+        self._store = store
+        self._stages = stages
+        self._sem = asyncio.Semaphore(concurrency)
+        self._max_record_bytes = max_record_bytes
+        self._on_committed = on_committed
+        self._sweep_interval_s = sweep_interval_s
+        self._watermark = _Watermark(position)
+        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._queue: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._failed: BaseException | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._sweeping: set[str] = set()
+
+    @property
+    def position(self) -> int:
+        return self._watermark.position
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    async def start(self) -> None:
+        self.states = await self._store.load_states(self.partition)
+        recovered: list[Event] = []
+        now = self._stages.clock.now()
+        for key, state in list(self.states.items()):
+            if state.status is CallStatus.PENDING:
+                events = decide(state, Recover(now=now)).events
+                for event in events:
+                    self.states[key] = evolve(self.states[key], event) or state
+                recovered.extend(events)
+        if recovered:
+            log.info("recovered in-flight calls as UNKNOWN",
+                     extra={"partition": self.partition, "count": len(recovered)})
+            await self._store.commit(CommitBatch(
+                self.partition, recovered,
+                {e.call_key: self.states[e.call_key] for e in recovered}))
+            self._notify(recovered)
+        self._background = [asyncio.create_task(self._flusher()),
+                            asyncio.create_task(self._sweeper())]
+
+    async def feed(self, offset: int, value: bytes) -> None:
+        """Hand over the next input record; returns once it is scheduled (back-pressure)."""
+        if self._failed is not None:
+            raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
+        await self._sem.acquire()
+        self._watermark.fed(offset)
+        intent = self._decode(offset, value)
+        if isinstance(intent, DeadLetter):
+            self._spawn(f"dead:{offset}", self._dead_letter(intent))
+            return
+        chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
+        self._spawn(chain, self._stages.run_intent(intent, _IntentPort(self, offset)))
+
+    async def drain(self) -> None:
+        """Wait until everything fed so far is committed."""
+        while self._tails:
+            await asyncio.gather(*list(self._tails.values()), return_exceptions=True)
+        if self._failed is not None:
+            raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
+
+    async def stop(self) -> None:
+        for task in [*self._tails.values(), *self._background]:
+            task.cancel()
+        for task in [*self._tails.values(), *self._background]:
+            with contextlib.suppress(BaseException):
+                await task
+        self._fail(PartitionFailed("stopped"))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _decode(self, offset: int, value: bytes) -> ToolCallRequested | DeadLetter:
+        if len(value) > self._max_record_bytes:
+            return DeadLetter(offset, f"record of {len(value)} bytes exceeds "
+                                      f"{self._max_record_bytes}", value[:1024])
+        try:
+            event = decode(value)
+        except CodecError as exc:
+            return DeadLetter(offset, f"undecodable record: {exc}", value[:1024])
+        if not isinstance(event, ToolCallRequested):
+            return DeadLetter(offset, f"unexpected {event.TYPE} on the intents stream",
+                              value[:1024])
+        return event
+
+    async def _dead_letter(self, letter: DeadLetter) -> None:
+        log.warning("dead-lettered an input record",
+                    extra={"partition": self.partition, "offset": letter.offset,
+                           "reason": letter.reason})
+        await self.commit((), letter.offset, dead_letter=letter)
+
+    def _spawn(self, chain: str, work: object) -> None:
+        previous = self._tails.get(chain)
+
+        async def run() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.wait([previous])
+                await work  # type: ignore[misc]
+            except PartitionFailed:
+                pass
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                log.exception("executor bug: stopping the partition",
+                              extra={"partition": self.partition})
+                self._fail(exc)
+            finally:
+                self._sem.release()
+                if self._tails.get(chain) is task:
+                    del self._tails[chain]
+
+        task = asyncio.create_task(run())
+        self._tails[chain] = task
+
+    async def commit(self, events: Sequence[Event], done_offset: int | None, *,
+                     dead_letter: DeadLetter | None = None) -> None:
+        if self._failed is not None:
+            raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
+        if not events and done_offset is None:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(events, done_offset, future, dead_letter))
+        self._wakeup.set()
+        await future
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            pending, self._queue = self._queue, []
+            if not pending:
+                continue
+            batch = CommitBatch(self.partition)
+            for item in pending:
+                for event in item.events:
+                    new = evolve(self.states.get(event.call_key), event)
+                    if new is not None:
+                        self.states[event.call_key] = new
+                        batch.states[event.call_key] = new
+                    batch.events.append(event)
+                if item.dead_letter is not None:
+                    batch.dead_letters.append(item.dead_letter)
+                if item.done_offset is not None:
+                    self._watermark.done(item.done_offset)
+            batch.next_offset = self._watermark.position
+            try:
+                await self._store.commit(batch)
+            except BaseException as exc:
+                self._fail(exc)
+                for item in pending:
+                    if not item.future.done():
+                        item.future.set_exception(
+                            PartitionFailed(f"partition {self.partition}: commit failed"))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                log.error("commit failed: stopping the partition",
+                          extra={"partition": self.partition, "error": type(exc).__name__})
+                return
+            for item in pending:
+                if not item.future.done():
+                    item.future.set_result(None)
+            self._notify(batch.events)
+
+    def _notify(self, events: Sequence[Event]) -> None:
+        if self._on_committed is not None and events:
+            self._on_committed(events)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(PartitionFailed(f"partition {self.partition} stopped"))
+        self._queue = []
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval_s)
+            now = self._stages.clock.now()
+            for key, state in list(self.states.items()):
+                if state.status is not CallStatus.UNKNOWN or key in self._sweeping:
+                    continue
+                tool = self._stages.registry.get(state.context.tool)
+                if tool is None or tool.reconcile is None:
+                    continue
+                wait = min(60.0, 2.0 ** state.reconcile_attempts)
+                if state.updated_at + timedelta(seconds=wait) > now or key in self._tails:
+                    continue
+                await self._sem.acquire()
+                self._sweeping.add(key)
+                self._spawn(key, self._sweep(key))
+
+    async def _sweep(self, key: str) -> None:
+        try:
+            await self._stages.run_sweep(key, _IntentPort(self, None))
+        finally:
+            self._sweeping.discard(key)
+
+
+class _IntentPort:
+    """The :class:`~processors.pipeline.CallPort` of one input record (or of a sweep)."""
+
+    __slots__ = ("_offset", "_worker", "epoch")
+
+    def __init__(self, worker: PartitionWorker, offset: int | None) -> None:
+        self._worker = worker
+        self._offset = offset
+        self.epoch = worker.epoch
+
+    def state(self, call_key: str) -> CallState | None:
+        return self._worker.states.get(call_key)
+
+    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
+        await self._worker.commit(events, self._offset if final else None)

@@ -1,0 +1,250 @@
+"""The embedded log: partitioned topics, consumer positions and call state in one SQLite file.
+
+Same partitioning function, same encoded events and same offsets as on Kafka, so a file can
+be exported and replayed into Kafka. Every write that matters is one SQLite transaction:
+outcome events + call states + input position + projections together.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import secrets
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from processors.ledger import CallState
+from processors.runtime.partition import CommitBatch
+from projections import sqlite as projection
+from projections.rows import Position
+from schemas.codec import CodecError, decode
+from schemas.events import Event
+
+FORMAT = "toolledger-embedded/1"
+INTENTS = "intents"
+OUTCOMES = "outcomes"
+EXECUTOR = "executor"
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS log (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    key BLOB NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY (topic, partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS positions (
+    consumer TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, PRIMARY KEY (consumer, topic, partition));
+CREATE TABLE IF NOT EXISTS call_state (
+    call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, state_json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS call_state_by_partition ON call_state (partition);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL, reason TEXT NOT NULL, value BLOB NOT NULL,
+    UNIQUE (topic, partition, offset));
+"""
+
+
+class LedgerFileError(RuntimeError):
+    """The file is not a usable toolledger database; nothing in it was changed."""
+
+
+class SqliteLog:
+    def __init__(self, path: Path, *, partitions: int = 4, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self._lock_file: IO[str] | None = None
+        self._lock()
+        try:
+            self.conn = self._open(synchronous)
+            self.partitions = self._init_meta(partitions)
+            self.epoch = self._bump_epoch()
+        except BaseException:
+            self._unlock()
+            raise
+        self._next: dict[tuple[str, int], int] = {}
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held for the log's lifetime
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise LedgerFileError(
+                f"{self.path} is in use by another toolledger process (embedded mode is "
+                "single-node: one executor per file)") from None
+        self._lock_file = handle
+
+    def _unlock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _open(self, synchronous: str) -> sqlite3.Connection:
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as exc:
+            raise LedgerFileError(f"{self.path} is not an SQLite database ({exc}); "
+                                  "it was left untouched") from None
+        if existed and tables and "meta" not in tables:
+            conn.close()
+            raise LedgerFileError(f"{self.path} is an SQLite database of another application "
+                                  f"(tables {sorted(tables)[:5]}); it was left untouched")
+        if "meta" in tables:
+            row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
+            if row is None or row[0] != FORMAT:
+                conn.close()
+                raise LedgerFileError(f"{self.path} has format {row[0] if row else None!r}, "
+                                      f"expected {FORMAT!r}; it was left untouched")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{projection.DDL}COMMIT;")
+        return conn
+
+    def _init_meta(self, partitions: int) -> int:
+        with _tx(self.conn):
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)",
+                              (str(partitions),))
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
+                              (secrets.token_hex(32),))
+        return int(self.meta("partitions"))
+
+    def _bump_epoch(self) -> int:
+        with _tx(self.conn):
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', '0')")
+            self.conn.execute("UPDATE meta SET v = CAST(v AS INTEGER) + 1 WHERE k = 'epoch'")
+        return int(self.meta("epoch"))
+
+    def meta(self, key: str) -> str:
+        row = self.conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+        if row is None:
+            raise LedgerFileError(f"{self.path}: meta key {key!r} is missing")
+        return str(row[0])
+
+    def close(self) -> None:
+        self.conn.close()
+        self._unlock()
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def _next_offset(self, topic: str, partition: int) -> int:
+        key = (topic, partition)
+        if key not in self._next:
+            row = self.conn.execute(
+                "SELECT MAX(offset) FROM log WHERE topic = ? AND partition = ?", key).fetchone()
+            self._next[key] = 0 if row[0] is None else row[0] + 1
+        return self._next[key]
+
+    def _append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
+        offsets = []
+        rows = []
+        for partition, key, value in records:
+            offset = self._next_offset(topic, partition)
+            self._next[(topic, partition)] = offset + 1
+            offsets.append(offset)
+            rows.append((topic, partition, offset, key, value))
+        self.conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
+        return offsets
+
+    def append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
+        """Append ``(partition, key, value)`` records in one transaction; return their offsets."""
+        try:
+            with _tx(self.conn):
+                return self._append(topic, records)
+        except BaseException:
+            self._next.clear()
+            raise
+
+    def read(self, topic: str, partition: int, from_offset: int,
+             limit: int = 512) -> list[tuple[int, bytes]]:
+        return [(int(o), bytes(v)) for o, v in self.conn.execute(
+            "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
+            "ORDER BY offset LIMIT ?", (topic, partition, from_offset, limit))]
+
+    def events(self, topic: str = OUTCOMES) -> Iterator[tuple[Event, Position]]:
+        """Every event of a topic in log order; a record that does not decode is an error."""
+        for partition in range(self.partitions):
+            offset = 0
+            while batch := self.read(topic, partition, offset):
+                for offset, value in batch:
+                    try:
+                        yield decode(value), Position(partition, offset)
+                    except CodecError as exc:
+                        raise LedgerFileError(
+                            f"{self.path}: {topic}[{partition}] offset {offset} does not "
+                            f"decode: {exc}") from None
+                offset += 1
+
+    def position(self, consumer: str, topic: str, partition: int) -> int:
+        row = self.conn.execute(
+            "SELECT next_offset FROM positions WHERE consumer = ? AND topic = ? AND partition = ?",
+            (consumer, topic, partition)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- executor state -----------------------------------------------------------------------
+
+    def load_states(self, partition: int) -> dict[str, CallState]:
+        states = {}
+        for key, state_json in self.conn.execute(
+                "SELECT call_key, state_json FROM call_state WHERE partition = ?", (partition,)):
+            states[key] = CallState.model_validate_json(state_json)
+        return states
+
+    def commit(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
+        """Outcome events, call states, dead letters, projections and the position: atomically."""
+        try:
+            with _tx(self.conn):
+                offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
+                self.conn.executemany(
+                    "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
+                    "DO UPDATE SET state_json = excluded.state_json",
+                    [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()])
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(INTENTS, batch.partition, d.offset, d.reason, d.value)
+                     for d in batch.dead_letters])
+                if batch.next_offset is not None:
+                    self.conn.execute(
+                        "INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT "
+                        "(consumer, topic, partition) DO UPDATE SET next_offset = "
+                        "excluded.next_offset", (EXECUTOR, INTENTS, batch.partition,
+                                                 batch.next_offset))
+                projection.apply(self.conn, (
+                    (event, Position(batch.partition, offset))
+                    for event, offset in zip(batch.events, offsets, strict=True)))
+        except BaseException:
+            self._next.clear()
+            raise
+
+    def rebuild_projections(self) -> int:
+        """Drop the projections and fold them again from the outcome log; returns events read."""
+        with _tx(self.conn):
+            projection.drop(self.conn)
+            for statement in projection.DDL.split(";"):
+                if statement.strip():
+                    self.conn.execute(statement)
+            events = list(self.events())
+            projection.apply(self.conn, events)
+        return len(events)
+
+
+class _tx:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+

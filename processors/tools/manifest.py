@@ -1,0 +1,137 @@
+"""What a tool must declare before it may run automatically (DESIGN section 7)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from processors.ledger.commands import Policy, ReconcileOutcome
+from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
+
+
+class EffectClass(StrEnum):
+    READ_ONLY = "read_only"
+    MUTATION = "mutation"
+    LONG_RUNNING = "long_running"
+
+
+class RiskTier(StrEnum):
+    LOW = "low"
+    HIGH = "high"
+    IRREVERSIBLE = "irreversible"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 3  # per execution round
+    max_rounds: int = 3  # per call key
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 2.0
+
+    def backoff_s(self, round_attempt: int, jitter: float) -> float:
+        """Full jitter: ``uniform(0, min(cap, base * 2**n))``; ``jitter`` is in [0, 1)."""
+        return float(jitter * min(self.backoff_cap_s, self.backoff_base_s * 2 ** (round_attempt - 2)))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDescription:
+    summary: str
+    when_to_use: str
+    when_not_to_use: str
+    preconditions: str
+    replay_behaviour: str
+
+    def text(self) -> str:
+        return (f"{self.summary}\nUse when: {self.when_to_use}\nDo not use when: "
+                f"{self.when_not_to_use}\nPreconditions: {self.preconditions}\n"
+                f"Replay: {self.replay_behaviour}")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a handler gets besides its validated arguments: trusted, never model-supplied."""
+
+    tenant_id: str
+    principal: str | None
+    tool: str
+    call_key: str
+    call_id: str
+    idempotency_key: str  # forward it downstream so the downstream can dedupe and be queried
+    attempt: int
+    deadline: datetime
+
+
+class ToolError(Exception):
+    """Raised by a handler when the downstream answered with a failure.
+
+    Raising it states that the failure is known (retryable or not); any other exception
+    leaves the outcome UNKNOWN, because the effect may have happened before it was raised.
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool,
+                 suggested_action: str = "") -> None:
+        super().__init__(message)
+        code = code if code.startswith(DOWNSTREAM_PREFIX) else DOWNSTREAM_PREFIX + code
+        self.info = ErrorInfo(
+            code=code, message=message, retryable=retryable,
+            suggested_action=suggested_action
+            or ("Retry with the same key." if retryable else "Do not retry this call."))
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResult:
+    value: BaseModel | Mapping[str, Any]
+    downstream_request_id: str | None = None
+
+
+Handler = Callable[[Any, ToolContext], Awaitable[BaseModel | HandlerResult]]
+ReconcileHook = Callable[[ToolContext], Awaitable[ReconcileOutcome]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    version: str
+    arguments: type[BaseModel]
+    result: type[BaseModel]
+    handler: Handler
+    description: ToolDescription
+    effect: EffectClass = EffectClass.MUTATION
+    risk: RiskTier = RiskTier.LOW
+    timeout_s: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    reconcile: ReconcileHook | None = None
+    compensation: str | None = None
+    redact_fields: frozenset[str] = frozenset()
+    scopes: frozenset[str] = frozenset({"tools:call"})
+
+    @property
+    def keyed(self) -> bool:
+        return self.effect is not EffectClass.READ_ONLY
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(max_attempts=self.retry.max_attempts, max_rounds=self.retry.max_rounds,
+                      has_reconcile=self.reconcile is not None)
+
+    def manifest(self) -> dict[str, Any]:
+        """The public manifest: what ``GET /v1/tools`` and the MCP listing show."""
+        return {
+            "name": self.name, "version": self.version, "effect": self.effect.value,
+            "risk": self.risk.value, "timeout_s": self.timeout_s,
+            "retry": {"max_attempts": self.retry.max_attempts,
+                      "max_rounds": self.retry.max_rounds,
+                      "backoff_base_s": self.retry.backoff_base_s,
+                      "backoff_cap_s": self.retry.backoff_cap_s},
+            "reconcile": self.reconcile is not None, "compensation": self.compensation,
+            "idempotency_key_required": self.keyed,
+            "redact_fields": sorted(self.redact_fields), "scopes": sorted(self.scopes),
+            "description": self.description.text(),
+            "arguments_schema": self.arguments.model_json_schema(),
+            "result_schema": self.result.model_json_schema(),
+        }

@@ -1,0 +1,68 @@
+"""The tool registry: refuses, at registration, a tool that is not ready to run unattended."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from processors.tools.manifest import EffectClass, RiskTier, Tool
+
+TRUSTED_CONTEXT_FIELDS = frozenset({"tenant_id", "tenant", "user_id", "principal", "scopes"})
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class ToolRegistrationError(ValueError):
+    pass
+
+
+class ToolRegistry:
+    def __init__(self, *, trusted_fields: frozenset[str] = TRUSTED_CONTEXT_FIELDS) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._trusted = trusted_fields
+
+    def register(self, tool: Tool) -> Tool:
+        problems = self._problems(tool)
+        if problems:
+            raise ToolRegistrationError(
+                f"tool {tool.name!r} cannot be registered: " + "; ".join(problems))
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(sorted(self._tools.values(), key=lambda t: t.name))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def _problems(self, tool: Tool) -> list[str]:
+        problems = []
+        if not _NAME.match(tool.name):
+            problems.append("its name must match [a-z][a-z0-9_]{0,63}")
+        if tool.name in self._tools:
+            problems.append("a tool with this name is already registered")
+        if (tool.effect is not EffectClass.READ_ONLY
+                and tool.risk in (RiskTier.HIGH, RiskTier.IRREVERSIBLE)
+                and tool.reconcile is None):
+            problems.append(
+                f"a {tool.risk.value}-risk {tool.effect.value} needs a reconcile hook (a query "
+                "of the downstream by idempotency key) so that an UNKNOWN outcome can be "
+                "resolved without running it again; pass reconcile=...")
+        smuggled = sorted(self._trusted & set(tool.arguments.model_fields))
+        if smuggled:
+            problems.append(
+                f"its argument model has trusted-context fields {smuggled}: tenant and principal "
+                "come from authentication, never from model-supplied arguments")
+        if tool.timeout_s <= 0:
+            problems.append("timeout_s must be positive")
+        if tool.retry.max_attempts < 1 or tool.retry.max_rounds < 1:
+            problems.append("retry.max_attempts and retry.max_rounds must be >= 1")
+        described = tool.description
+        if not (described.when_to_use.strip() and described.replay_behaviour.strip()):
+            problems.append("its description must say when to use it and how replays behave")
+        unknown = sorted(tool.redact_fields - set(tool.arguments.model_fields))
+        if unknown:
+            problems.append(f"redact_fields names unknown argument fields {unknown}")
+        return problems

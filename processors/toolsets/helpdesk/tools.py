@@ -1,0 +1,227 @@
+"""The example ``helpdesk`` toolset: shipped, and used by the demo, the server and the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from processors.ledger import Found, NotHappened, ReconcileOutcome
+from processors.tools.manifest import (
+    EffectClass,
+    HandlerResult,
+    ReconcileHook,
+    RetryPolicy,
+    RiskTier,
+    Tool,
+    ToolContext,
+    ToolDescription,
+    ToolError,
+)
+from processors.tools.registry import ToolRegistry
+from processors.toolsets.helpdesk.store import HelpdeskStore
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class CreateTicketArgs(BaseModel):
+    model_config = _STRICT
+    title: Annotated[str, Field(min_length=1, max_length=200)]
+    body: Annotated[str, Field(max_length=10_000)] = ""
+    priority: Literal["low", "normal", "high"] = "normal"
+
+
+class TicketRef(BaseModel):
+    model_config = _STRICT
+    ticket_id: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class ClosedTicket(BaseModel):
+    ticket_id: str
+    status: Literal["closed"]
+
+
+class NoArgs(BaseModel):
+    model_config = _STRICT
+
+
+class TicketList(BaseModel):
+    tickets: list[dict[str, str]]
+
+
+class SendEmailArgs(BaseModel):
+    model_config = _STRICT
+    to: Annotated[str, Field(pattern=r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$", max_length=254)]
+    subject: Annotated[str, Field(min_length=1, max_length=200)]
+    body: Annotated[str, Field(max_length=50_000)]
+
+
+class EmailSent(BaseModel):
+    message_id: str
+
+
+class ChargeCardArgs(BaseModel):
+    model_config = _STRICT
+    customer_id: Annotated[str, Field(min_length=1, max_length=64)]
+    amount_cents: Annotated[int, Field(ge=1, le=1_000_000)]
+    currency: Literal["CNY", "USD", "EUR"]
+
+
+class Charge(BaseModel):
+    charge_id: str
+    amount_cents: int
+    currency: str
+
+
+Fault = Literal["none", "transient_once", "final", "hang_after_effect", "slow", "retryable_always"]
+
+
+class FlakyWriteArgs(BaseModel):
+    model_config = _STRICT
+    payload: Annotated[str, Field(max_length=10_000)]
+    fault: Fault = "none"
+    delay_ms: Annotated[int, Field(ge=0, le=30_000)] = 0
+
+
+class Written(BaseModel):
+    write_id: str
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+class Helpdesk:
+    """Handlers and reconcile hooks over one :class:`HelpdeskStore`."""
+
+    def __init__(self, store: HelpdeskStore) -> None:
+        self.store = store
+
+    def _effect(self, ctx: ToolContext, prefix: str, data: BaseModel,
+                ticket: tuple[str, str, str] | None = None) -> str:
+        resource_id = _new_id(prefix)
+        self.store.record(ctx.tenant_id, ctx.tool, ctx.idempotency_key, resource_id,
+                          data.model_dump_json(), ticket)
+        return resource_id
+
+    def _reconciler(self, result: type[BaseModel], field: str) -> ReconcileHook:
+        async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
+            found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+            if found is None:
+                return NotHappened()
+            resource_id, data = found
+            value = result.model_validate({**json.loads(data), field: resource_id})
+            return Found(value.model_dump_json(), downstream_request_id=resource_id)
+        return reconcile
+
+    async def create_ticket(self, args: CreateTicketArgs, ctx: ToolContext) -> HandlerResult:
+        ticket_id = self._effect(ctx, "T", NoArgs(), (args.title, args.body, args.priority))
+        return HandlerResult(TicketRef(ticket_id=ticket_id), downstream_request_id=ticket_id)
+
+    async def list_tickets(self, args: NoArgs, ctx: ToolContext) -> TicketList:
+        return TicketList(tickets=self.store.tickets(ctx.tenant_id))
+
+    async def close_ticket(self, args: TicketRef, ctx: ToolContext) -> ClosedTicket:
+        if self.store.ticket(ctx.tenant_id, args.ticket_id) is None:
+            raise ToolError("TICKET_NOT_FOUND", f"No ticket {args.ticket_id} in this tenant.",
+                            retryable=False, suggested_action="List the tickets and pick one.")
+        self.store.close_ticket(ctx.tenant_id, args.ticket_id, ctx.idempotency_key)
+        return ClosedTicket(ticket_id=args.ticket_id, status="closed")
+
+    async def reconcile_close(self, ctx: ToolContext) -> ReconcileOutcome:
+        found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+        if found is None:
+            return NotHappened()
+        return Found(ClosedTicket(ticket_id=found[0], status="closed").model_dump_json())
+
+    async def send_email(self, args: SendEmailArgs, ctx: ToolContext) -> HandlerResult:
+        message_id = self._effect(ctx, "M", NoArgs())
+        return HandlerResult(EmailSent(message_id=message_id), downstream_request_id=message_id)
+
+    async def charge_card(self, args: ChargeCardArgs, ctx: ToolContext) -> HandlerResult:
+        data = Charge(charge_id="", amount_cents=args.amount_cents, currency=args.currency)
+        charge_id = self._effect(ctx, "ch", data)
+        return HandlerResult(data.model_copy(update={"charge_id": charge_id}),
+                             downstream_request_id=charge_id)
+
+    async def flaky_write(self, args: FlakyWriteArgs, ctx: ToolContext) -> HandlerResult:
+        if args.fault == "final":
+            raise ToolError("REFUSED", "The downstream refused this write.", retryable=False)
+        if args.fault == "retryable_always" or (args.fault == "transient_once" and ctx.attempt == 1):
+            raise ToolError("UNAVAILABLE", "The downstream is briefly unavailable.",
+                            retryable=True)
+        if args.fault == "slow":
+            await asyncio.sleep(args.delay_ms / 1000)
+        write_id = self._effect(ctx, "W", NoArgs())
+        if args.fault == "hang_after_effect":
+            await asyncio.sleep(3600)  # the tool timeout cancels this: the outcome is UNKNOWN
+        return HandlerResult(Written(write_id=write_id), downstream_request_id=write_id)
+
+
+def _describe(summary: str, use: str, avoid: str, pre: str, replay: str) -> ToolDescription:
+    return ToolDescription(summary, use, avoid, pre, replay)
+
+
+_REPLAY = ("Calling again with the same idempotency key and arguments returns the stored "
+           "outcome without running it again; the same key with other arguments is refused.")
+
+
+def helpdesk_registry(store: HelpdeskStore, *, flaky_timeout_s: float = 5.0,
+                      timeout_s: float = 10.0, retry: RetryPolicy | None = None) -> ToolRegistry:
+    desk = Helpdesk(store)
+    retry = retry or RetryPolicy()
+    registry = ToolRegistry()
+    registry.register(Tool(
+        name="create_ticket", version="1", arguments=CreateTicketArgs, result=TicketRef,
+        handler=desk.create_ticket, timeout_s=timeout_s, retry=retry,
+        reconcile=desk._reconciler(TicketRef, "ticket_id"),
+        description=_describe(
+            "Open a support ticket.", "A customer problem needs tracking.",
+            "A ticket for the same problem is already open (list_tickets first).",
+            "None.", _REPLAY)))
+    registry.register(Tool(
+        name="list_tickets", version="1", arguments=NoArgs, result=TicketList,
+        handler=desk.list_tickets, effect=EffectClass.READ_ONLY, timeout_s=timeout_s,
+        description=_describe(
+            "List every ticket of the caller's tenant.", "Before opening or closing a ticket.",
+            "Never needed to confirm a call made with an idempotency key.", "None.",
+            "Read-only: needs no idempotency key and is never replayed.")))
+    registry.register(Tool(
+        name="close_ticket", version="1", arguments=TicketRef, result=ClosedTicket,
+        handler=desk.close_ticket, timeout_s=timeout_s, retry=retry,
+        reconcile=desk.reconcile_close,
+        description=_describe(
+            "Close a ticket.", "The customer's problem is solved.",
+            "The ticket belongs to another customer or is still being worked on.",
+            "The ticket exists in this tenant.", _REPLAY)))
+    registry.register(Tool(
+        name="send_email", version="1", arguments=SendEmailArgs, result=EmailSent,
+        handler=desk.send_email, risk=RiskTier.HIGH, timeout_s=timeout_s, retry=retry,
+        reconcile=desk._reconciler(EmailSent, "message_id"),
+        redact_fields=frozenset({"to", "body"}),
+        description=_describe(
+            "Send an email to a customer.", "The customer must be told something in writing.",
+            "Internal notes; anything that can go in the ticket instead.",
+            "A human approved this exact email (high risk).", _REPLAY)))
+    registry.register(Tool(
+        name="charge_card", version="1", arguments=ChargeCardArgs, result=Charge,
+        handler=desk.charge_card, risk=RiskTier.IRREVERSIBLE, timeout_s=timeout_s, retry=retry,
+        reconcile=desk._reconciler(Charge, "charge_id"),
+        redact_fields=frozenset({"customer_id"}),
+        description=_describe(
+            "Charge a customer's card on file.", "An agreed, approved payment is due.",
+            "Refunds, disputed amounts, or anything not approved by a human.",
+            "A human approved this exact amount and currency (irreversible).", _REPLAY)))
+    registry.register(Tool(
+        name="flaky_write", version="1", arguments=FlakyWriteArgs, result=Written,
+        handler=desk.flaky_write, timeout_s=flaky_timeout_s, retry=retry,
+        reconcile=desk._reconciler(Written, "write_id"),
+        description=_describe(
+            "A test tool that writes a payload and can inject faults.",
+            "Exercising retries, final failures, timeouts and reconciliation.",
+            "Real work.", "None.", _REPLAY)))
+    return registry

@@ -1,0 +1,68 @@
+"""What an outcome event does to the projection tables, independent of the database.
+
+``tool_calls`` holds one row per call key: the fold of its events (the same ``evolve`` the
+executor uses). ``tool_call_events`` is the append-only audit trail, deduplicated by
+``event_id`` so a redelivered event is applied once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from processors.ledger import CallState
+from schemas.codec import event_to_json
+from schemas.events import Event
+from schemas.keys import CallKey
+
+CALL_COLUMNS = (
+    "call_id", "call_key", "tenant_id", "tool_name", "tool_version", "idempotency_key",
+    "args_digest", "status", "result_json", "error_json", "attempts", "rounds",
+    "reconcile_attempts", "run_id", "step_id", "first_intent_id", "last_intent_id",
+    "created_at", "updated_at", "last_event_id", "state_json",
+)
+EVENT_COLUMNS = (
+    "event_id", "log_partition", "log_offset", "call_id", "call_key", "tenant_id", "tool_name",
+    "idempotency_key", "intent_id", "run_id", "event_type", "occurred_at", "payload_json",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    partition: int
+    offset: int
+
+
+def call_id_of(call_key: str) -> str:
+    return CallKey.parse(call_key).call_id
+
+
+def call_row(call_key: str, state: CallState) -> dict[str, Any]:
+    ctx = state.context
+    return {
+        "call_id": call_id_of(call_key), "call_key": call_key, "tenant_id": ctx.tenant_id,
+        "tool_name": ctx.tool, "tool_version": ctx.tool_version,
+        "idempotency_key": ctx.idempotency_key, "args_digest": ctx.args_digest,
+        "status": state.status.value, "result_json": state.result_json,
+        "error_json": state.error.model_dump_json() if state.error else None,
+        "attempts": state.attempts, "rounds": state.rounds,
+        "reconcile_attempts": state.reconcile_attempts, "run_id": ctx.run_id,
+        "step_id": ctx.step_id, "first_intent_id": state.first_intent_id,
+        "last_intent_id": ctx.intent_id, "created_at": state.created_at,
+        "updated_at": state.updated_at, "last_event_id": state.last_event_id,
+        "state_json": state.model_dump_json(),
+    }
+
+
+def event_row(event: Event, position: Position) -> dict[str, Any]:
+    env = event.envelope
+    return {
+        "event_id": env.event_id, "log_partition": position.partition,
+        "log_offset": position.offset, "call_id": call_id_of(env.call_key),
+        "call_key": env.call_key, "tenant_id": env.tenant_id, "tool_name": env.tool,
+        "idempotency_key": env.idempotency_key, "intent_id": env.intent_id,
+        "run_id": env.run_id, "event_type": event.TYPE, "occurred_at": env.occurred_at,
+        "payload_json": json.dumps(event_to_json(event), separators=(",", ":"),
+                                   ensure_ascii=False),
+    }

@@ -1,0 +1,98 @@
+"""SQLite projections for the embedded mode: applied inside the caller's transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+
+from processors.ledger import CallState, evolve
+from projections.rows import CALL_COLUMNS, EVENT_COLUMNS, Position, call_row, event_row
+from schemas.events import Event
+
+DDL = """
+CREATE TABLE IF NOT EXISTS tool_calls (
+    call_id TEXT PRIMARY KEY,
+    call_key TEXT NOT NULL UNIQUE,
+    tenant_id TEXT NOT NULL,
+    tool_name TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    status TEXT NOT NULL,
+    result_json TEXT,
+    error_json TEXT,
+    attempts INTEGER NOT NULL,
+    rounds INTEGER NOT NULL,
+    reconcile_attempts INTEGER NOT NULL,
+    run_id TEXT,
+    step_id TEXT,
+    first_intent_id TEXT NOT NULL,
+    last_intent_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    last_event_id TEXT NOT NULL,
+    state_json TEXT NOT NULL,
+    UNIQUE (tenant_id, tool_name, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS tool_calls_by_run ON tool_calls (tenant_id, run_id);
+CREATE INDEX IF NOT EXISTS tool_calls_by_status ON tool_calls (tenant_id, status);
+CREATE TABLE IF NOT EXISTS tool_call_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    call_key TEXT NOT NULL,
+    tenant_id TEXT NOT NULL,
+    tool_name TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    intent_id TEXT NOT NULL,
+    run_id TEXT,
+    event_type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    payload_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tool_call_events_by_call ON tool_call_events (call_id, seq);
+CREATE INDEX IF NOT EXISTS tool_call_events_by_key
+    ON tool_call_events (tenant_id, tool_name, idempotency_key);
+"""
+
+PROJECTION_TABLES = ("tool_calls", "tool_call_events")
+
+_INSERT_EVENT = (
+    f"INSERT OR IGNORE INTO tool_call_events ({', '.join(EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in EVENT_COLUMNS)})"
+)
+_UPSERT_CALL = (
+    f"INSERT INTO tool_calls ({', '.join(CALL_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in CALL_COLUMNS)}) "
+    "ON CONFLICT (call_key) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in CALL_COLUMNS if c not in ("call_id", "call_key"))
+)
+
+
+def drop(conn: sqlite3.Connection) -> None:
+    for table in PROJECTION_TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def apply(conn: sqlite3.Connection, events: Iterable[tuple[Event, Position]]) -> None:
+    """Fold events into the tables. Call inside the transaction that records their position."""
+    states: dict[str, CallState | None] = {}
+    for event, position in events:
+        if conn.execute(_INSERT_EVENT, _sqlite(event_row(event, position))).rowcount == 0:
+            continue  # already applied: redelivery
+        key = event.call_key
+        if key not in states:
+            row = conn.execute("SELECT state_json FROM tool_calls WHERE call_key = ?",
+                               (key,)).fetchone()
+            states[key] = CallState.model_validate_json(row[0]) if row else None
+        before = states[key]
+        after = evolve(before, event)
+        if after is not None and after is not before:
+            states[key] = after
+            conn.execute(_UPSERT_CALL, _sqlite(call_row(key, after)))
+
+
+def _sqlite(row: dict[str, object]) -> dict[str, object]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}

@@ -1,0 +1,113 @@
+"""Call keys, idempotency-key syntax and Kafka-compatible partitioning.
+
+A call key ``(tenant_id, tool, idempotency_key)`` is the unit of at-most-once. Its bytes are
+the canonical JSON array of the three parts (unambiguous whatever characters the parts hold),
+and they are both the Kafka message key and the input of the partitioner, so one call key
+lives in one partition number of every co-partitioned topic, in Kafka and in the embedded log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+MAX_KEY_LENGTH = 255
+
+
+class InvalidIdempotencyKey(ValueError):
+    pass
+
+
+def check_idempotency_key(key: str) -> str:
+    """Return ``key`` if it is 1..255 printable ASCII characters (0x20-0x7E), else raise."""
+    if not key:
+        raise InvalidIdempotencyKey("the idempotency key is empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"the idempotency key has {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed")
+    for index, char in enumerate(key):
+        if not 0x20 <= ord(char) <= 0x7E:
+            raise InvalidIdempotencyKey(
+                f"the idempotency key has a non-printable or non-ASCII character at position {index}")
+    return key
+
+
+def derive_idempotency_key(run_id: str, step_id: str) -> str:
+    """A key that names the *intent* (this step of this run), not the transport attempt.
+
+    Retries of the same step produce the same key; the provider's tool-call id does not enter.
+    """
+    if not run_id or not step_id:
+        raise InvalidIdempotencyKey("run_id and step_id must both be non-empty")
+    readable = f"{run_id}:{step_id}"
+    if len(readable) <= 200 and all(0x21 <= ord(c) <= 0x7E for c in readable):
+        return "step:" + readable
+    digest = hashlib.sha256(json.dumps([run_id, step_id]).encode("utf-8")).hexdigest()
+    return "step-sha256:" + digest
+
+
+@dataclass(frozen=True, slots=True)
+class CallKey:
+    tenant_id: str
+    tool: str
+    idempotency_key: str
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            [self.tenant_id, self.tool, self.idempotency_key],
+            ensure_ascii=False, separators=(",", ":"),
+        ).encode("utf-8")
+
+    def __str__(self) -> str:
+        return self.encode().decode("utf-8")
+
+    @classmethod
+    def parse(cls, text: str) -> CallKey:
+        parts = json.loads(text)
+        if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)):
+            raise ValueError(f"not a call key: {text!r}")
+        return cls(parts[0], parts[1], parts[2])
+
+    @property
+    def call_id(self) -> str:
+        """Stable public id of the call: the same on every backend and after every replay."""
+        return "call_" + hashlib.sha256(self.encode()).hexdigest()[:32]
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` (signed 32-bit result, as Java returns it)."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    length4 = length // 4
+    for i in range(length4):
+        i4 = i * 4
+        k = (data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24))
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    extra = length % 4
+    tail = length & ~3
+    if extra == 3:
+        h ^= data[tail + 2] << 16
+    if extra >= 2:
+        h ^= data[tail + 1] << 8
+    if extra >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def partition_for(key_bytes: bytes, partitions: int) -> int:
+    """Kafka's default partitioner for keyed records: ``toPositive(murmur2(key)) % n``."""
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    return (murmur2(key_bytes) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,1 @@
+"""toolledger's composition root: the only place that picks and wires backends."""

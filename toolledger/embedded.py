@@ -1,0 +1,76 @@
+"""Wiring of the embedded backend: one SQLite file, the executor in this process."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import TracebackType
+
+from processors.pipeline import DEFAULT_MAX_ARGUMENT_BYTES, Clock, Stages
+from processors.runtime.embedded import EmbeddedRuntime
+from processors.runtime.sqlite_log import SqliteLog
+from processors.tools.redaction import Redactor
+from processors.tools.registry import ToolRegistry
+from producers.client import LedgerClient
+from producers.outcomes import OutcomeHub
+from schemas.events import ToolCallRequested
+
+
+class EmbeddedLedger:
+    """``async with EmbeddedLedger(path, registry) as ledger: await ledger.client.call(...)``."""
+
+    def __init__(self, path: Path, registry: ToolRegistry, *, partitions: int = 4,
+                 concurrency: int = 64, clock: Clock | None = None,
+                 rng: random.Random | None = None, synchronous: str = "FULL",
+                 sweep_interval_s: float = 1.0,
+                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+                 default_wait_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.registry = registry
+        self.outcomes = OutcomeHub()
+        self._partitions = partitions
+        self._concurrency = concurrency
+        self._clock = clock
+        self._rng = rng
+        self._synchronous = synchronous
+        self._sweep_interval_s = sweep_interval_s
+        self._max_argument_bytes = max_argument_bytes
+        self.client = LedgerClient(self, default_wait_s=default_wait_s,
+                                   max_argument_bytes=max_argument_bytes)
+        self.log: SqliteLog | None = None
+        self.runtime: EmbeddedRuntime | None = None
+
+    async def start(self) -> EmbeddedLedger:
+        self.log = SqliteLog(self.path, partitions=self._partitions,
+                             synchronous=self._synchronous)
+        stages = Stages(self.registry, Redactor(bytes.fromhex(self.log.meta("redaction_secret"))),
+                        clock=self._clock, rng=self._rng,
+                        max_argument_bytes=self._max_argument_bytes)
+        self.runtime = EmbeddedRuntime(self.log, stages, concurrency=self._concurrency,
+                                       on_committed=self.outcomes.publish,
+                                       sweep_interval_s=self._sweep_interval_s)
+        try:
+            await self.runtime.start()
+        except BaseException:
+            self.log.close()
+            raise
+        return self
+
+    async def send(self, intent: ToolCallRequested) -> None:
+        assert self.runtime is not None, "start() the ledger first"
+        await self.runtime.send(intent)
+
+    async def close(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.stop()
+            self.runtime = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+    async def __aenter__(self) -> EmbeddedLedger:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
