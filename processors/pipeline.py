@@ -126,24 +126,30 @@ class Stages:
     def admit(self, intent: ToolCallRequested) -> Admitted | ToolCallRejected:
         env = intent.envelope
 
-        def reject(code: ErrorCode, message: str,
-                   fields: Sequence[FieldError] = ()) -> ToolCallRejected:
+        def reject(
+            code: ErrorCode, message: str, fields: Sequence[FieldError] = ()
+        ) -> ToolCallRejected:
             return ToolCallRejected(
                 envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
-                error=ErrorInfo.of(code, message), field_errors=list(fields))
+                error=ErrorInfo.of(code, message),
+                field_errors=list(fields),
+            )
 
         tool = self.registry.get(env.tool)
         if tool is None:
             return reject(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {env.tool!r}.")
         size = len(intent.arguments_json.encode("utf-8"))
         if size > self.max_argument_bytes:
-            return reject(ErrorCode.PAYLOAD_TOO_LARGE,
-                          f"The arguments have {size} bytes; the limit is "
-                          f"{self.max_argument_bytes}.")
+            return reject(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"The arguments have {size} bytes; the limit is {self.max_argument_bytes}.",
+            )
         if tool.keyed:
             if not env.idempotency_key:
-                return reject(ErrorCode.IDEMPOTENCY_KEY_MISSING,
-                              f"{tool.name} changes something, so it needs an idempotency key.")
+                return reject(
+                    ErrorCode.IDEMPOTENCY_KEY_MISSING,
+                    f"{tool.name} changes something, so it needs an idempotency key.",
+                )
             try:
                 check_idempotency_key(env.idempotency_key)
             except InvalidIdempotencyKey as exc:
@@ -157,20 +163,30 @@ class Stages:
         try:
             arguments = tool.arguments.model_validate(raw)
         except ValidationError as exc:
-            fields = [FieldError(loc=".".join(str(p) for p in e["loc"]) or "$",
-                                 msg=e["msg"], type=e["type"]) for e in exc.errors()]
-            return reject(ErrorCode.VALIDATION_FAILED,
-                          f"{len(fields)} argument(s) of {tool.name} are invalid.", fields)
+            fields = [
+                FieldError(
+                    loc=".".join(str(p) for p in e["loc"]) or "$", msg=e["msg"], type=e["type"]
+                )
+                for e in exc.errors()
+            ]
+            return reject(
+                ErrorCode.VALIDATION_FAILED,
+                f"{len(fields)} argument(s) of {tool.name} are invalid.",
+                fields,
+            )
         denied = self.authorize(intent, tool)
         if denied is not None:
             return ToolCallRejected(
                 envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
-                error=denied)
+                error=denied,
+            )
         validated = arguments.model_dump(mode="json")
-        context = CallContext.of(env).model_copy(update={
-            "tool_version": tool.version, "args_digest": args_digest(validated)})
-        return Admitted(tool, arguments, context,
-                        self.redactor.redacted_json(validated, tool.redact_fields))
+        context = CallContext.of(env).model_copy(
+            update={"tool_version": tool.version, "args_digest": args_digest(validated)}
+        )
+        return Admitted(
+            tool, arguments, context, self.redactor.redacted_json(validated, tool.redact_fields)
+        )
 
     # -- the driver: one intent, from decision to final outcome -------------------------------
 
@@ -183,9 +199,16 @@ class Stages:
             await port.commit([await self._run_read_only(admitted)], final=True)
             return
         ctx = admitted.context
-        decision = decide(port.state(ctx.call_key), Submit(
-            context=ctx, arguments_redacted_json=admitted.redacted_json,
-            policy=admitted.tool.policy, now=intent.envelope.occurred_at, epoch=port.epoch))
+        decision = decide(
+            port.state(ctx.call_key),
+            Submit(
+                context=ctx,
+                arguments_redacted_json=admitted.redacted_json,
+                policy=admitted.tool.policy,
+                now=intent.envelope.occurred_at,
+                epoch=port.epoch,
+            ),
+        )
         await self._drive(admitted, decision, port, by_intent=True)
 
     async def run_sweep(self, call_key: str, port: CallPort) -> None:
@@ -198,8 +221,9 @@ class Stages:
         admitted = Admitted(tool, tool.arguments.model_construct(), state.context, "{}")
         await self._drive(admitted, decision, port, by_intent=False)
 
-    async def _drive(self, admitted: Admitted, decision: Decision, port: CallPort, *,
-                     by_intent: bool) -> None:
+    async def _drive(
+        self, admitted: Admitted, decision: Decision, port: CallPort, *, by_intent: bool
+    ) -> None:
         tool, ctx = admitted.tool, admitted.context
         while True:
             # Executor invariant: the Started event is durable (and the commit not fenced)
@@ -211,27 +235,51 @@ class Stages:
             state = port.state(ctx.call_key)
             if isinstance(action, Execute):
                 if action.round_attempt > 1:
-                    await asyncio.sleep(tool.retry.backoff_s(action.round_attempt, self.rng.random()))
+                    await asyncio.sleep(
+                        tool.retry.backoff_s(action.round_attempt, self.rng.random())
+                    )
                 started = self.clock.monotonic()
                 outcome = await self._attempt(admitted, action.attempt)
                 duration_ms = int((self.clock.monotonic() - started) * 1000)
-                decision = decide(state, AttemptFinished(
-                    context=ctx, attempt=action.attempt, outcome=outcome, duration_ms=duration_ms,
-                    arguments_redacted_json=admitted.redacted_json, policy=tool.policy,
-                    now=self.clock.now(), epoch=port.epoch))
+                decision = decide(
+                    state,
+                    AttemptFinished(
+                        context=ctx,
+                        attempt=action.attempt,
+                        outcome=outcome,
+                        duration_ms=duration_ms,
+                        arguments_redacted_json=admitted.redacted_json,
+                        policy=tool.policy,
+                        now=self.clock.now(),
+                        epoch=port.epoch,
+                    ),
+                )
             else:
                 found = await self._reconcile(tool, ctx, action.reconcile_attempt)
-                decision = decide(state, ReconcileFinished(
-                    context=ctx, outcome=found, by_intent=by_intent,
-                    arguments_redacted_json=admitted.redacted_json, policy=tool.policy,
-                    now=self.clock.now(), epoch=port.epoch))
+                decision = decide(
+                    state,
+                    ReconcileFinished(
+                        context=ctx,
+                        outcome=found,
+                        by_intent=by_intent,
+                        arguments_redacted_json=admitted.redacted_json,
+                        policy=tool.policy,
+                        now=self.clock.now(),
+                        epoch=port.epoch,
+                    ),
+                )
 
     def _tool_context(self, tool: Tool, ctx: CallContext, attempt: int) -> ToolContext:
         return ToolContext(
-            tenant_id=ctx.tenant_id, principal=ctx.principal, tool=tool.name,
-            call_key=ctx.call_key, call_id=CallKey.parse(ctx.call_key).call_id,
-            idempotency_key=ctx.idempotency_key, attempt=attempt,
-            deadline=self.clock.now() + timedelta(seconds=tool.timeout_s))
+            tenant_id=ctx.tenant_id,
+            principal=ctx.principal,
+            tool=tool.name,
+            call_key=ctx.call_key,
+            call_id=CallKey.parse(ctx.call_key).call_id,
+            idempotency_key=ctx.idempotency_key,
+            attempt=attempt,
+            deadline=self.clock.now() + timedelta(seconds=tool.timeout_s),
+        )
 
     async def _attempt(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
         tool = admitted.tool
@@ -244,15 +292,18 @@ class Stages:
         except TimeoutError:
             return TimedOut(f"No answer from {tool.name} within {tool.timeout_s:g} s.")
         except Exception as exc:  # the effect may have happened before it raised
-            log.warning("handler raised", extra={"tool": tool.name, "call_id": tctx.call_id,
-                                                 "exception": type(exc).__name__})
+            log.warning(
+                "handler raised",
+                extra={"tool": tool.name, "call_id": tctx.call_id, "exception": type(exc).__name__},
+            )
             return TimedOut(f"{tool.name} raised {type(exc).__name__} after dispatch.")
         try:
             return _normalise(tool, returned)
         except (ValidationError, CanonicalJsonError) as exc:
-            log.warning("handler returned an invalid result",
-                        extra={"tool": tool.name, "call_id": tctx.call_id,
-                               "exception": type(exc).__name__})
+            log.warning(
+                "handler returned an invalid result",
+                extra={"tool": tool.name, "call_id": tctx.call_id, "exception": type(exc).__name__},
+            )
             return TimedOut(f"{tool.name} returned a result that does not match its model.")
 
     async def _reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
@@ -266,21 +317,32 @@ class Stages:
             return Inconclusive(f"reconcile query {n} raised {type(exc).__name__}")
 
     async def _run_read_only(self, admitted: Admitted) -> Event:
-        ctx, tool = admitted.context, admitted.tool
+        ctx = admitted.context
         started = self.clock.monotonic()
         outcome = await self._attempt(admitted, 1)
         duration_ms = int((self.clock.monotonic() - started) * 1000)
         env = ctx.envelope
         if isinstance(outcome, Success):
             return ToolCallSucceeded(
-                envelope=env(f"{ctx.intent_id}/succeeded/1", self.clock.now()), attempt=1,
+                envelope=env(f"{ctx.intent_id}/succeeded/1", self.clock.now()),
+                attempt=1,
                 result_json=outcome.result_json,
-                downstream_request_id=outcome.downstream_request_id, duration_ms=duration_ms)
-        error = outcome.error if isinstance(outcome, Failure) else ErrorInfo.of(
-            ErrorCode.INTERNAL, outcome.reason)
+                downstream_request_id=outcome.downstream_request_id,
+                duration_ms=duration_ms,
+            )
+        error = (
+            outcome.error
+            if isinstance(outcome, Failure)
+            else ErrorInfo.of(ErrorCode.INTERNAL, outcome.reason)
+        )
         return ToolCallFailed(
-            envelope=env(f"{ctx.intent_id}/failed/1", self.clock.now()), attempt=1, error=error,
-            disposition=FailureDisposition.FINAL, fingerprint="", duration_ms=duration_ms)
+            envelope=env(f"{ctx.intent_id}/failed/1", self.clock.now()),
+            attempt=1,
+            error=error,
+            disposition=FailureDisposition.FINAL,
+            fingerprint="",
+            duration_ms=duration_ms,
+        )
 
 
 def _normalise(tool: Tool, returned: BaseModel | HandlerResult) -> Success:
@@ -291,7 +353,8 @@ def _normalise(tool: Tool, returned: BaseModel | HandlerResult) -> Success:
     else:
         value = returned
     model = tool.result.model_validate(
-        value.model_dump() if isinstance(value, BaseModel) else value)
+        value.model_dump() if isinstance(value, BaseModel) else value
+    )
     return Success(canonical_json(model.model_dump(mode="json")), request_id)
 
 
@@ -299,8 +362,10 @@ def scope_check(intent: ToolCallRequested, tool: Tool) -> ErrorInfo | None:
     """Default authorisation: the caller's trusted scopes must include the tool's scopes."""
     missing = sorted(tool.scopes - set(intent.scopes))
     if missing:
-        return ErrorInfo.of(ErrorCode.FORBIDDEN,
-                            f"{tool.name} needs the scope(s) {missing}, which this caller lacks.")
+        return ErrorInfo.of(
+            ErrorCode.FORBIDDEN,
+            f"{tool.name} needs the scope(s) {missing}, which this caller lacks.",
+        )
     return None
 
 

@@ -81,20 +81,35 @@ class CallResult:
     def to_json(self) -> dict[str, Any]:
         """The shape callers and models see."""
         if self.ok:
-            return {"ok": True, "status": "SUCCEEDED", "result": self.result,
-                    "replayed": self.replayed, "attempts": self.attempts, "call_id": self.call_id}
+            return {
+                "ok": True,
+                "status": "SUCCEEDED",
+                "result": self.result,
+                "replayed": self.replayed,
+                "attempts": self.attempts,
+                "call_id": self.call_id,
+            }
         body: dict[str, Any] = {
-            "ok": False, "status": self.status.value if self.status else None,
+            "ok": False,
+            "status": self.status.value if self.status else None,
             "error": self.error.model_dump() if self.error else None,
-            "replayed": self.replayed, "attempts": self.attempts, "call_id": self.call_id}
+            "replayed": self.replayed,
+            "attempts": self.attempts,
+            "call_id": self.call_id,
+        }
         if self.field_errors:
             body["error"]["field_errors"] = [f.model_dump() for f in self.field_errors]
         return body
 
 
 class LedgerClient:
-    def __init__(self, transport: Transport, *, default_wait_s: float = DEFAULT_WAIT_S,
-                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        default_wait_s: float = DEFAULT_WAIT_S,
+        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+    ) -> None:
         self._transport = transport
         self._default_wait_s = default_wait_s
         self._max_argument_bytes = max_argument_bytes
@@ -124,25 +139,42 @@ class LedgerClient:
             except InvalidIdempotencyKey as exc:
                 return _refused(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc), call_id)
         try:
-            arguments_json = json.dumps(arguments, ensure_ascii=False, allow_nan=False,
-                                        separators=(",", ":"))
+            arguments_json = json.dumps(
+                arguments, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+            )
         except (TypeError, ValueError) as exc:
-            return _refused(ErrorCode.VALIDATION_FAILED,
-                            f"The arguments are not a JSON document: {exc}", call_id)
+            return _refused(
+                ErrorCode.VALIDATION_FAILED,
+                f"The arguments are not a JSON document: {exc}",
+                call_id,
+            )
         if len(arguments_json.encode("utf-8")) > self._max_argument_bytes:
-            return _refused(ErrorCode.PAYLOAD_TOO_LARGE,
-                            f"The arguments exceed {self._max_argument_bytes} bytes.", call_id)
+            return _refused(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"The arguments exceed {self._max_argument_bytes} bytes.",
+                call_id,
+            )
         intent_id = uuid.uuid4().hex
         intent = ToolCallRequested(
             envelope=Envelope(
                 event_id=f"{intent_id}/requested/1",
-                call_key=str(CallKey(context.tenant_id, tool, key)), tenant_id=context.tenant_id,
-                tool=tool, tool_version="", idempotency_key=key, args_digest="",
-                intent_id=intent_id, run_id=run_id, step_id=step_id,
-                principal=context.principal, occurred_at=datetime.now(UTC),
-                trace_id=context.trace_id),
-            arguments_json=arguments_json, scopes=sorted(context.scopes),
-            approval_token=approval_token)
+                call_key=str(CallKey(context.tenant_id, tool, key)),
+                tenant_id=context.tenant_id,
+                tool=tool,
+                tool_version="",
+                idempotency_key=key,
+                args_digest="",
+                intent_id=intent_id,
+                run_id=run_id,
+                step_id=step_id,
+                principal=context.principal,
+                occurred_at=datetime.now(UTC),
+                trace_id=context.trace_id,
+            ),
+            arguments_json=arguments_json,
+            scopes=sorted(context.scopes),
+            approval_token=approval_token,
+        )
         hub = self._transport.outcomes
         future = hub.expect(intent_id)
         try:
@@ -150,9 +182,12 @@ class LedgerClient:
             timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
             event = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
-            return CallResult(status=CallStatus.PENDING, call_id=call_id, intent_id=intent_id,
-                              error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE,
-                                                 "The call is still running."))
+            return CallResult(
+                status=CallStatus.PENDING,
+                call_id=call_id,
+                intent_id=intent_id,
+                error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is still running."),
+            )
         finally:
             hub.forget(intent_id, future)
         return result_of(event)
@@ -164,28 +199,41 @@ def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:
 
 def result_of(event: Event) -> CallResult:
     """The caller's view of the event that answered its intent."""
-    base: dict[str, Any] = {"call_id": CallKey.parse(event.call_key).call_id,
-                            "intent_id": event.intent_id, "event": event}
+    base: dict[str, Any] = {
+        "call_id": CallKey.parse(event.call_key).call_id,
+        "intent_id": event.intent_id,
+        "event": event,
+    }
     if isinstance(event, ToolCallSucceeded):
-        return CallResult(CallStatus.SUCCEEDED, json.loads(event.result_json),
-                          attempts=event.attempt, **base)
+        return CallResult(
+            CallStatus.SUCCEEDED, json.loads(event.result_json), attempts=event.attempt, **base
+        )
     if isinstance(event, ToolCallFailed):
-        status = (CallStatus.FAILED_RETRYABLE
-                  if event.disposition is FailureDisposition.RETRYABLE else CallStatus.FAILED_FINAL)
+        status = (
+            CallStatus.FAILED_RETRYABLE
+            if event.disposition is FailureDisposition.RETRYABLE
+            else CallStatus.FAILED_FINAL
+        )
         return CallResult(status, error=event.error, attempts=event.attempt, **base)
     if isinstance(event, ToolCallOutcomeUnknown):
-        return CallResult(CallStatus.UNKNOWN, error=ErrorInfo.of(
-            ErrorCode.OUTCOME_UNKNOWN, event.reason), attempts=event.attempt, **base)
+        return CallResult(
+            CallStatus.UNKNOWN,
+            error=ErrorInfo.of(ErrorCode.OUTCOME_UNKNOWN, event.reason),
+            attempts=event.attempt,
+            **base,
+        )
     if isinstance(event, ToolCallReconciled):
-        status = {Resolution.SUCCEEDED: CallStatus.SUCCEEDED,
-                  Resolution.FAILED_FINAL: CallStatus.FAILED_FINAL}.get(
-                      event.resolution, CallStatus.UNKNOWN)
+        status = {
+            Resolution.SUCCEEDED: CallStatus.SUCCEEDED,
+            Resolution.FAILED_FINAL: CallStatus.FAILED_FINAL,
+        }.get(event.resolution, CallStatus.UNKNOWN)
         result = json.loads(event.result_json) if event.result_json else None
         return CallResult(status, result, error=event.error, replayed=True, **base)
     if isinstance(event, ToolCallReplayed):
         result = json.loads(event.result_json) if event.result_json else None
-        return CallResult(event.status, result, error=event.error, attempts=event.attempts,
-                          replayed=True, **base)
+        return CallResult(
+            event.status, result, error=event.error, attempts=event.attempts, replayed=True, **base
+        )
     if isinstance(event, ToolCallRejected):
         return CallResult(None, error=event.error, field_errors=tuple(event.field_errors), **base)
     raise ValueError(f"{event.TYPE} does not answer a call")

@@ -84,8 +84,9 @@ def apply(conn: sqlite3.Connection, events: Iterable[tuple[Event, Position]]) ->
             continue  # already applied: redelivery
         key = event.call_key
         if key not in states:
-            row = conn.execute("SELECT state_json FROM tool_calls WHERE call_key = ?",
-                               (key,)).fetchone()
+            row = conn.execute(
+                "SELECT state_json FROM tool_calls WHERE call_key = ?", (key,)
+            ).fetchone()
             states[key] = CallState.model_validate_json(row[0]) if row else None
         before = states[key]
         after = evolve(before, event)

@@ -61,9 +61,7 @@ def normalise(value: Any, _path: str = "$") -> JsonValue:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(
-        normalise(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False
-    )
+    return json.dumps(normalise(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def canonical_bytes(value: Any) -> bytes:

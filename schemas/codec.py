@@ -214,21 +214,34 @@ def _inline(node: Any, namespace: str, library: Mapping[str, Any], defined: set[
     return out
 
 
-def _datetime_paths(node: Any, prefix: _Path = ()) -> Iterator[_Path]:
+def _datetime_paths(node: Any) -> Iterator[_Path]:
     """Paths of the timestamp values in records of this (parsed, self-contained) schema."""
-    if isinstance(node, list):
-        for branch in node:
-            yield from _datetime_paths(branch, prefix)
-    elif isinstance(node, dict):
-        if node.get("logicalType") in _TIMESTAMP_LOGICAL_TYPES:
-            yield prefix
-        elif node.get("type") in ("record", "error"):
-            for field in node["fields"]:
-                yield from _datetime_paths(field["type"], (*prefix, field["name"]))
-        elif node.get("type") == "array":
-            yield from _datetime_paths(node["items"], (*prefix, "*"))
-        elif node.get("type") == "map":
-            raise SchemaLoadError("timestamps inside maps are not supported by the codec")
+    named: dict[str, Any] = {}
+    walking: set[str] = set()  # records being walked: a recursive reference stops there
+
+    def walk(node: Any, prefix: _Path) -> Iterator[_Path]:
+        if isinstance(node, list):
+            for branch in node:
+                yield from walk(branch, prefix)
+        elif isinstance(node, str):
+            if node in named and node not in walking:  # a named type used again
+                yield from walk(named[node], prefix)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if node.get("logicalType") in _TIMESTAMP_LOGICAL_TYPES:
+                yield prefix
+            elif kind in ("record", "error"):
+                named[node["name"]] = node
+                walking.add(node["name"])
+                for field in node["fields"]:
+                    yield from walk(field["type"], (*prefix, field["name"]))
+                walking.discard(node["name"])
+            elif kind == "array":
+                yield from walk(node["items"], (*prefix, "*"))
+            elif kind == "map" and any(walk(node["values"], ())):
+                raise SchemaLoadError("timestamps inside maps are not supported by the codec")
+
+    return walk(node, ())
 
 
 def _fingerprint(schema: Schema) -> bytes:
@@ -238,9 +251,8 @@ def _fingerprint(schema: Schema) -> bytes:
     )
 
 
-def _load_version_dir(directory: Path, library: dict[str, Any]) -> list[str]:
-    """Add the files of ``directory`` to ``library`` (full name -> raw JSON); return the names."""
-    names = []
+def _load_version_dir(directory: Path, library: dict[str, Any]) -> None:
+    """Add the files of ``directory`` to ``library`` (full name -> raw JSON), overriding."""
     for path in sorted(directory.glob("*.avsc")):
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -252,8 +264,6 @@ def _load_version_dir(directory: Path, library: dict[str, Any]) -> list[str]:
         if full.rpartition(".")[2] != path.stem:
             raise SchemaLoadError(f"{path}: the file defines {full!r}; name files <Name>.avsc")
         library[full] = raw
-        names.append(full)
-    return names
 
 
 def _load(root: Path) -> dict[int, dict[str, Schema]]:
@@ -280,7 +290,10 @@ def _load(root: Path) -> dict[int, dict[str, Schema]]:
                 raise SchemaLoadError(f"v{version} {full}: invalid Avro schema: {exc}") from exc
             if not isinstance(parsed, dict):  # cannot happen: _load_version_dir checked the type
                 raise SchemaLoadError(f"v{version} {full}: not a named type")
-            records[full.rpartition(".")[2]] = parsed
+            name = full.rpartition(".")[2]
+            if name in records:
+                raise SchemaLoadError(f"v{version}: two records are named {name!r}")
+            records[name] = parsed
         versions[version] = records
     return versions
 

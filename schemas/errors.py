@@ -35,29 +35,50 @@ DOWNSTREAM_PREFIX = "DOWNSTREAM_"
 # code -> (retryable, suggested_action)
 _DEFAULTS: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.VALIDATION_FAILED: (
-        False, "Fix the arguments listed in the field errors and call again with the same key."),
-    ErrorCode.PAYLOAD_TOO_LARGE: (False, "Send smaller arguments; large documents belong in storage."),
+        False,
+        "Fix the arguments listed in the field errors and call again with the same key.",
+    ),
+    ErrorCode.PAYLOAD_TOO_LARGE: (
+        False,
+        "Send smaller arguments; large documents belong in storage.",
+    ),
     ErrorCode.IDEMPOTENCY_KEY_MISSING: (
-        False, "Send an idempotency key derived from the run id and step id."),
+        False,
+        "Send an idempotency key derived from the run id and step id.",
+    ),
     ErrorCode.IDEMPOTENCY_KEY_INVALID: (
-        False, "Use 1 to 255 printable ASCII characters for the idempotency key."),
+        False,
+        "Use 1 to 255 printable ASCII characters for the idempotency key.",
+    ),
     ErrorCode.IDEMPOTENCY_KEY_REUSED: (
-        False, "This key was used with other arguments: use a new key for a new action."),
+        False,
+        "This key was used with other arguments: use a new key for a new action.",
+    ),
     ErrorCode.IDEMPOTENCY_KEY_IN_USE: (
-        True, "The same call is still running: retry later with the same key and arguments."),
+        True,
+        "The same call is still running: retry later with the same key and arguments.",
+    ),
     ErrorCode.UNAUTHENTICATED: (False, "Authenticate and call again."),
     ErrorCode.FORBIDDEN: (False, "Ask an operator for the scope this tool needs."),
     ErrorCode.TOOL_NOT_FOUND: (False, "List the available tools and pick one of them."),
     ErrorCode.TOOL_DISABLED: (True, "The tool is switched off by an operator: try later."),
     ErrorCode.APPROVAL_REQUIRED: (
-        False, "Ask a human to approve this exact call, then call again with the token."),
+        False,
+        "Ask a human to approve this exact call, then call again with the token.",
+    ),
     ErrorCode.APPROVAL_INVALID: (
-        False, "The approval token does not match this call: request a new approval."),
-    ErrorCode.RATE_LIMITED: (True, "Wait for the Retry-After period, then retry with the same key."),
-    ErrorCode.RETRY_LIMIT_EXCEEDED: (
-        False, "Stop retrying this action and hand over to a human."),
+        False,
+        "The approval token does not match this call: request a new approval.",
+    ),
+    ErrorCode.RATE_LIMITED: (
+        True,
+        "Wait for the Retry-After period, then retry with the same key.",
+    ),
+    ErrorCode.RETRY_LIMIT_EXCEEDED: (False, "Stop retrying this action and hand over to a human."),
     ErrorCode.OUTCOME_UNKNOWN: (
-        True, "Retry with the same key: the ledger checks the downstream before doing anything."),
+        True,
+        "Retry with the same key: the ledger checks the downstream before doing anything.",
+    ),
     ErrorCode.INTERNAL: (True, "Retry with the same key; report the call id if it persists."),
 }
 
@@ -90,11 +111,15 @@ class ErrorInfo(BaseModel):
         )
 
     @classmethod
-    def downstream(cls, code: str, message: str, *, retryable: bool, suggested_action: str) -> ErrorInfo:
+    def downstream(
+        cls, code: str, message: str, *, retryable: bool, suggested_action: str
+    ) -> ErrorInfo:
         """An error reported by a tool; its code always carries the ``DOWNSTREAM_`` prefix."""
         if not code.startswith(DOWNSTREAM_PREFIX):
             code = DOWNSTREAM_PREFIX + code
-        return cls(code=code, message=message, retryable=retryable, suggested_action=suggested_action)
+        return cls(
+            code=code, message=message, retryable=retryable, suggested_action=suggested_action
+        )
 
 
 class FieldError(BaseModel):

@@ -65,9 +65,9 @@ class Event(BaseModel):
 
 
 class FailureDisposition(StrEnum):
-    RETRY = "RETRY"          # another attempt follows in this round
+    RETRY = "RETRY"  # another attempt follows in this round
     RETRYABLE = "RETRYABLE"  # the round is over; a new call with the same key may execute again
-    FINAL = "FINAL"          # permanent: replayed from now on
+    FINAL = "FINAL"  # permanent: replayed from now on
 
 
 class Resolution(StrEnum):

@@ -25,11 +25,14 @@ def check_idempotency_key(key: str) -> str:
         raise InvalidIdempotencyKey("the idempotency key is empty")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidIdempotencyKey(
-            f"the idempotency key has {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed")
+            f"the idempotency key has {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed"
+        )
     for index, char in enumerate(key):
         if not 0x20 <= ord(char) <= 0x7E:
             raise InvalidIdempotencyKey(
-                f"the idempotency key has a non-printable or non-ASCII character at position {index}")
+                "the idempotency key has a non-printable or non-ASCII character "
+                f"at position {index}"
+            )
     return key
 
 
@@ -56,7 +59,8 @@ class CallKey:
     def encode(self) -> bytes:
         return json.dumps(
             [self.tenant_id, self.tool, self.idempotency_key],
-            ensure_ascii=False, separators=(",", ":"),
+            ensure_ascii=False,
+            separators=(",", ":"),
         ).encode("utf-8")
 
     def __str__(self) -> str:
@@ -65,7 +69,9 @@ class CallKey:
     @classmethod
     def parse(cls, text: str) -> CallKey:
         parts = json.loads(text)
-        if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)):
+        if not (
+            isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)
+        ):
             raise ValueError(f"not a call key: {text!r}")
         return cls(parts[0], parts[1], parts[2])
 
@@ -85,7 +91,7 @@ def murmur2(data: bytes) -> int:
     length4 = length // 4
     for i in range(length4):
         i4 = i * 4
-        k = (data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24))
+        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> r
         k = (k * m) & 0xFFFFFFFF

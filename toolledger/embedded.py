@@ -19,12 +19,20 @@ from schemas.events import ToolCallRequested
 class EmbeddedLedger:
     """``async with EmbeddedLedger(path, registry) as ledger: await ledger.client.call(...)``."""
 
-    def __init__(self, path: Path, registry: ToolRegistry, *, partitions: int = 4,
-                 concurrency: int = 64, clock: Clock | None = None,
-                 rng: random.Random | None = None, synchronous: str = "FULL",
-                 sweep_interval_s: float = 1.0,
-                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-                 default_wait_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        registry: ToolRegistry,
+        *,
+        partitions: int = 4,
+        concurrency: int = 64,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        synchronous: str = "FULL",
+        sweep_interval_s: float = 1.0,
+        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        default_wait_s: float = 10.0,
+    ) -> None:
         self.path = Path(path)
         self.registry = registry
         self.outcomes = OutcomeHub()
@@ -35,20 +43,28 @@ class EmbeddedLedger:
         self._synchronous = synchronous
         self._sweep_interval_s = sweep_interval_s
         self._max_argument_bytes = max_argument_bytes
-        self.client = LedgerClient(self, default_wait_s=default_wait_s,
-                                   max_argument_bytes=max_argument_bytes)
+        self.client = LedgerClient(
+            self, default_wait_s=default_wait_s, max_argument_bytes=max_argument_bytes
+        )
         self.log: SqliteLog | None = None
         self.runtime: EmbeddedRuntime | None = None
 
     async def start(self) -> EmbeddedLedger:
-        self.log = SqliteLog(self.path, partitions=self._partitions,
-                             synchronous=self._synchronous)
-        stages = Stages(self.registry, Redactor(bytes.fromhex(self.log.meta("redaction_secret"))),
-                        clock=self._clock, rng=self._rng,
-                        max_argument_bytes=self._max_argument_bytes)
-        self.runtime = EmbeddedRuntime(self.log, stages, concurrency=self._concurrency,
-                                       on_committed=self.outcomes.publish,
-                                       sweep_interval_s=self._sweep_interval_s)
+        self.log = SqliteLog(self.path, partitions=self._partitions, synchronous=self._synchronous)
+        stages = Stages(
+            self.registry,
+            Redactor(bytes.fromhex(self.log.meta("redaction_secret"))),
+            clock=self._clock,
+            rng=self._rng,
+            max_argument_bytes=self._max_argument_bytes,
+        )
+        self.runtime = EmbeddedRuntime(
+            self.log,
+            stages,
+            concurrency=self._concurrency,
+            on_committed=self.outcomes.publish,
+            sweep_interval_s=self._sweep_interval_s,
+        )
         try:
             await self.runtime.start()
         except BaseException:
@@ -71,6 +87,10 @@ class EmbeddedLedger:
     async def __aenter__(self) -> EmbeddedLedger:
         return await self.start()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()

@@ -17,7 +17,6 @@ from processors.ledger.commands import (
     AttemptFinished,
     Command,
     Execute,
-    Failure,
     Found,
     FoundFailed,
     Inconclusive,
@@ -82,7 +81,8 @@ def _require(state: CallState | None, status: CallStatus, command: Command) -> C
     if state is None or state.status is not status:
         found = "no state" if state is None else state.status.value
         raise InvariantViolation(
-            f"{type(command).__name__} needs a {status.value} call, found {found}")
+            f"{type(command).__name__} needs a {status.value} call, found {found}"
+        )
     return state
 
 
@@ -90,11 +90,16 @@ def _eid(ctx: CallContext, kind: str, n: int = 1) -> str:
     return f"{ctx.intent_id}/{kind}/{n}"
 
 
-def _started(ctx: CallContext, now: datetime, attempt: int, round_: int, epoch: int,
-             redacted: str) -> ToolCallStarted:
+def _started(
+    ctx: CallContext, now: datetime, attempt: int, round_: int, epoch: int, redacted: str
+) -> ToolCallStarted:
     return ToolCallStarted(
-        envelope=ctx.envelope(_eid(ctx, "started", attempt), now), attempt=attempt,
-        round=round_, executor_epoch=epoch, arguments_redacted_json=redacted)
+        envelope=ctx.envelope(_eid(ctx, "started", attempt), now),
+        attempt=attempt,
+        round=round_,
+        executor_epoch=epoch,
+        arguments_redacted_json=redacted,
+    )
 
 
 def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallRejected:
@@ -107,47 +112,82 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
         started = _started(ctx, now, 1, 1, cmd.epoch, cmd.arguments_redacted_json)
         return Decision((started,), Execute(attempt=1, round_attempt=1))
     if state.args_digest != ctx.args_digest:
-        return Decision((_rejected(ctx, now, ErrorInfo.of(
-            ErrorCode.IDEMPOTENCY_KEY_REUSED,
-            f"Idempotency key {ctx.idempotency_key!r} was first used with other arguments "
-            f"({state.args_digest}); this call has {ctx.args_digest}.",
-        )),))
-    if state.status.is_final or (state.status is CallStatus.UNKNOWN and not cmd.policy.has_reconcile):
+        return Decision(
+            (
+                _rejected(
+                    ctx,
+                    now,
+                    ErrorInfo.of(
+                        ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                        f"Idempotency key {ctx.idempotency_key!r} was first used with other "
+                        f"arguments ({state.args_digest}); this call has {ctx.args_digest}.",
+                    ),
+                ),
+            )
+        )
+    if state.status.is_final or (
+        state.status is CallStatus.UNKNOWN and not cmd.policy.has_reconcile
+    ):
         error = state.error
         if state.status is CallStatus.UNKNOWN:
             error = ErrorInfo.of(
                 ErrorCode.OUTCOME_UNKNOWN,
                 "The outcome of this call is unknown and the tool has no reconcile query.",
                 retryable=False,
-                suggested_action="Do not retry: an operator must check the downstream system.")
+                suggested_action="Do not retry: an operator must check the downstream system.",
+            )
         replayed = ToolCallReplayed(
-            envelope=ctx.envelope(_eid(ctx, "replayed"), now), status=state.status,
-            attempts=state.attempts, original_intent_id=state.context.intent_id,
-            result_json=state.result_json, error=error)
+            envelope=ctx.envelope(_eid(ctx, "replayed"), now),
+            status=state.status,
+            attempts=state.attempts,
+            original_intent_id=state.context.intent_id,
+            result_json=state.result_json,
+            error=error,
+        )
         return Decision((replayed,))
     if state.status is CallStatus.PENDING:
-        return Decision((_rejected(ctx, now, ErrorInfo.of(
-            ErrorCode.IDEMPOTENCY_KEY_IN_USE, "A call with this key and arguments is running.")),))
+        return Decision(
+            (
+                _rejected(
+                    ctx,
+                    now,
+                    ErrorInfo.of(
+                        ErrorCode.IDEMPOTENCY_KEY_IN_USE,
+                        "A call with this key and arguments is running.",
+                    ),
+                ),
+            )
+        )
     if state.status is CallStatus.UNKNOWN:
         return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
     return _new_round(state, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json)
 
 
-def _new_round(state: CallState, ctx: CallContext, now: datetime, policy: Policy, epoch: int,
-               redacted: str, prefix: tuple[Event, ...] = ()) -> Decision:
+def _new_round(
+    state: CallState,
+    ctx: CallContext,
+    now: datetime,
+    policy: Policy,
+    epoch: int,
+    redacted: str,
+    prefix: tuple[Event, ...] = (),
+) -> Decision:
     """FAILED_RETRYABLE (or reconciled as not happened): execute again, within the round cap."""
     attempt = state.attempts + 1
     if state.rounds >= policy.max_rounds:
         last = state.error.code if state.error else "none"
         failed = ToolCallFailed(
-            envelope=ctx.envelope(_eid(ctx, "failed", attempt), now), attempt=state.attempts,
+            envelope=ctx.envelope(_eid(ctx, "failed", attempt), now),
+            attempt=state.attempts,
             error=ErrorInfo.of(
                 ErrorCode.RETRY_LIMIT_EXCEEDED,
                 f"Gave up after {state.rounds} rounds and {state.attempts} attempts "
-                f"(last error {last})."),
+                f"(last error {last}).",
+            ),
             disposition=FailureDisposition.FINAL,
             fingerprint=failure_fingerprint(ctx.tool, state.error or NOT_HAPPENED_ERROR),
-            duration_ms=0)
+            duration_ms=0,
+        )
         return Decision((*prefix, failed))
     started = _started(ctx, now, attempt, state.rounds + 1, epoch, redacted)
     return Decision((*prefix, started), Execute(attempt=attempt, round_attempt=1))
@@ -159,35 +199,64 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
         raise InvariantViolation(f"attempt {attempt} finished but attempt {state.attempts} ran")
     env = ctx.envelope
     if isinstance(outcome, Success):
-        return Decision((ToolCallSucceeded(
-            envelope=env(_eid(ctx, "succeeded", attempt), now), attempt=attempt,
-            result_json=outcome.result_json, downstream_request_id=outcome.downstream_request_id,
-            duration_ms=cmd.duration_ms),))
+        return Decision(
+            (
+                ToolCallSucceeded(
+                    envelope=env(_eid(ctx, "succeeded", attempt), now),
+                    attempt=attempt,
+                    result_json=outcome.result_json,
+                    downstream_request_id=outcome.downstream_request_id,
+                    duration_ms=cmd.duration_ms,
+                ),
+            )
+        )
     if isinstance(outcome, TimedOut):
-        return Decision((ToolCallOutcomeUnknown(
-            envelope=env(_eid(ctx, "unknown", attempt), now), attempt=attempt,
-            reason=outcome.reason),))
+        return Decision(
+            (
+                ToolCallOutcomeUnknown(
+                    envelope=env(_eid(ctx, "unknown", attempt), now),
+                    attempt=attempt,
+                    reason=outcome.reason,
+                ),
+            )
+        )
     error = outcome.error
     fingerprint = failure_fingerprint(ctx.tool, error)
 
     def failed(disposition: FailureDisposition, err: ErrorInfo = error) -> ToolCallFailed:
         return ToolCallFailed(
-            envelope=env(_eid(ctx, "failed", attempt), now), attempt=attempt, error=err,
-            disposition=disposition, fingerprint=fingerprint, duration_ms=cmd.duration_ms)
+            envelope=env(_eid(ctx, "failed", attempt), now),
+            attempt=attempt,
+            error=err,
+            disposition=disposition,
+            fingerprint=fingerprint,
+            duration_ms=cmd.duration_ms,
+        )
 
     if not error.retryable:
         return Decision((failed(FailureDisposition.FINAL),))
     if state.round_attempts < cmd.policy.max_attempts:
-        started = _started(ctx, now, attempt + 1, state.rounds, cmd.epoch,
-                           cmd.arguments_redacted_json)
-        return Decision((failed(FailureDisposition.RETRY), started),
-                        Execute(attempt=attempt + 1, round_attempt=state.round_attempts + 1))
+        started = _started(
+            ctx, now, attempt + 1, state.rounds, cmd.epoch, cmd.arguments_redacted_json
+        )
+        return Decision(
+            (failed(FailureDisposition.RETRY), started),
+            Execute(attempt=attempt + 1, round_attempt=state.round_attempts + 1),
+        )
     if state.rounds < cmd.policy.max_rounds:
         return Decision((failed(FailureDisposition.RETRYABLE),))
-    return Decision((failed(FailureDisposition.FINAL, ErrorInfo.of(
-        ErrorCode.RETRY_LIMIT_EXCEEDED,
-        f"Gave up after {state.rounds} rounds and {attempt} attempts "
-        f"(last error {error.code}: {error.message})")),))
+    return Decision(
+        (
+            failed(
+                FailureDisposition.FINAL,
+                ErrorInfo.of(
+                    ErrorCode.RETRY_LIMIT_EXCEEDED,
+                    f"Gave up after {state.rounds} rounds and {attempt} attempts "
+                    f"(last error {error.code}: {error.message})",
+                ),
+            ),
+        )
+    )
 
 
 def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
@@ -195,26 +264,48 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
     n = state.reconcile_attempts + 1
 
     def reconciled(resolution: Resolution, **fields: object) -> ToolCallReconciled:
-        return ToolCallReconciled.model_validate({
-            "envelope": ctx.envelope(_eid(ctx, "reconciled", n), now),
-            "resolution": resolution, "reconcile_attempt": n, **fields})
+        return ToolCallReconciled.model_validate(
+            {
+                "envelope": ctx.envelope(_eid(ctx, "reconciled", n), now),
+                "resolution": resolution,
+                "reconcile_attempt": n,
+                **fields,
+            }
+        )
 
     if isinstance(outcome, Found):
-        return Decision((reconciled(
-            Resolution.SUCCEEDED, result_json=outcome.result_json,
-            downstream_request_id=outcome.downstream_request_id),))
+        return Decision(
+            (
+                reconciled(
+                    Resolution.SUCCEEDED,
+                    result_json=outcome.result_json,
+                    downstream_request_id=outcome.downstream_request_id,
+                ),
+            )
+        )
     if isinstance(outcome, FoundFailed):
         return Decision((reconciled(Resolution.FAILED_FINAL, error=outcome.error),))
     if isinstance(outcome, Inconclusive):
-        return Decision((reconciled(Resolution.INCONCLUSIVE, error=ErrorInfo.of(
-            ErrorCode.OUTCOME_UNKNOWN, f"Reconcile was inconclusive: {outcome.reason}")),))
+        return Decision(
+            (
+                reconciled(
+                    Resolution.INCONCLUSIVE,
+                    error=ErrorInfo.of(
+                        ErrorCode.OUTCOME_UNKNOWN, f"Reconcile was inconclusive: {outcome.reason}"
+                    ),
+                ),
+            )
+        )
     assert isinstance(outcome, NotHappened)
     not_happened = reconciled(Resolution.NOT_HAPPENED, error=NOT_HAPPENED_ERROR)
     if not cmd.by_intent:
         return Decision((not_happened,))
-    after = state.model_copy(update={"status": CallStatus.FAILED_RETRYABLE, "reconcile_attempts": n})
-    return _new_round(after, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json,
-                      prefix=(not_happened,))
+    after = state.model_copy(
+        update={"status": CallStatus.FAILED_RETRYABLE, "reconcile_attempts": n}
+    )
+    return _new_round(
+        after, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json, prefix=(not_happened,)
+    )
 
 
 def _recover(state: CallState | None, cmd: Recover) -> Decision:
@@ -223,10 +314,16 @@ def _recover(state: CallState | None, cmd: Recover) -> Decision:
     if state is None or state.status is not CallStatus.PENDING:
         return Decision()
     ctx = state.context
-    return Decision((ToolCallOutcomeUnknown(
-        envelope=ctx.envelope(_eid(ctx, "unknown", state.attempts), cmd.now),
-        attempt=state.attempts,
-        reason="The executor stopped or lost its partition before the outcome was recorded."),))
+    return Decision(
+        (
+            ToolCallOutcomeUnknown(
+                envelope=ctx.envelope(_eid(ctx, "unknown", state.attempts), cmd.now),
+                attempt=state.attempts,
+                reason="The executor stopped or lost its partition before the outcome was "
+                "recorded.",
+            ),
+        )
+    )
 
 
 def _sweep(state: CallState | None, cmd: Sweep) -> Decision:

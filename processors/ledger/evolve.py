@@ -45,23 +45,36 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
     if isinstance(event, ToolCallStarted):
         if state is None:
             return CallState(
-                status=CallStatus.PENDING, context=CallContext.of(env),
-                first_intent_id=env.intent_id, attempts=event.attempt, rounds=event.round,
-                round_attempts=1, created_at=env.occurred_at, updated_at=env.occurred_at,
+                status=CallStatus.PENDING,
+                context=CallContext.of(env),
+                first_intent_id=env.intent_id,
+                attempts=event.attempt,
+                rounds=event.round,
+                round_attempts=1,
+                created_at=env.occurred_at,
+                updated_at=env.occurred_at,
                 last_event_id=env.event_id,
             )
         new_round = event.round != state.rounds
-        return state.model_copy(update={
-            "status": CallStatus.PENDING, "context": CallContext.of(env),
-            "attempts": event.attempt, "rounds": event.round,
-            "round_attempts": 1 if new_round else state.round_attempts + 1,
-            "updated_at": env.occurred_at, "last_event_id": env.event_id,
-        })
+        return state.model_copy(
+            update={
+                "status": CallStatus.PENDING,
+                "context": CallContext.of(env),
+                "attempts": event.attempt,
+                "rounds": event.round,
+                "round_attempts": 1 if new_round else state.round_attempts + 1,
+                "updated_at": env.occurred_at,
+                "last_event_id": env.event_id,
+            }
+        )
     if state is None:
         return None  # only a Started event creates a ledger entry
     if isinstance(event, ToolCallSucceeded):
         update: dict[str, object] = {
-            "status": CallStatus.SUCCEEDED, "result_json": event.result_json, "error": None}
+            "status": CallStatus.SUCCEEDED,
+            "result_json": event.result_json,
+            "error": None,
+        }
     elif isinstance(event, ToolCallFailed):
         update = {"status": _FAILED_STATUS[event.disposition], "error": event.error}
     elif isinstance(event, ToolCallOutcomeUnknown):
@@ -80,7 +93,8 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
     else:
         return state
     return state.model_copy(
-        update=update | {"updated_at": env.occurred_at, "last_event_id": env.event_id})
+        update=update | {"updated_at": env.occurred_at, "last_event_id": env.event_id}
+    )
 
 
 def fold(events: Iterable[Event], state: CallState | None = None) -> CallState | None:

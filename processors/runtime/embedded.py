@@ -38,9 +38,15 @@ def partition_key(intent: ToolCallRequested) -> bytes:
 
 
 class EmbeddedRuntime:
-    def __init__(self, log: SqliteLog, stages: Stages, *, concurrency: int = 64,
-                 on_committed: Callable[[Sequence[Event]], None] | None = None,
-                 sweep_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        log: SqliteLog,
+        stages: Stages,
+        *,
+        concurrency: int = 64,
+        on_committed: Callable[[Sequence[Event]], None] | None = None,
+        sweep_interval_s: float = 1.0,
+    ) -> None:
         self.log = log
         self._stages = stages
         self._concurrency = concurrency
@@ -57,9 +63,15 @@ class EmbeddedRuntime:
         store = _Store(self.log)
         for partition in range(self.log.partitions):
             worker = PartitionWorker(
-                partition, self.log.position(EXECUTOR, INTENTS, partition), store, self._stages,
-                epoch=self.log.epoch, concurrency=self._concurrency,
-                on_committed=self._on_committed, sweep_interval_s=self._sweep_interval_s)
+                partition,
+                self.log.position(EXECUTOR, INTENTS, partition),
+                store,
+                self._stages,
+                epoch=self.log.epoch,
+                concurrency=self._concurrency,
+                on_committed=self._on_committed,
+                sweep_interval_s=self._sweep_interval_s,
+            )
             await worker.start()
             self.workers.append(worker)
         self._readers = [asyncio.create_task(self._read(w)) for w in self.workers]
@@ -85,8 +97,9 @@ class EmbeddedRuntime:
             ends = [self.log.read(INTENTS, w.partition, w.position, 1) for w in self.workers]
             if not any(ends) and not self._appends:
                 await asyncio.gather(*(w.drain() for w in self.workers))
-                if all(not self.log.read(INTENTS, w.partition, w.position, 1)
-                       for w in self.workers):
+                if all(
+                    not self.log.read(INTENTS, w.partition, w.position, 1) for w in self.workers
+                ):
                     return
             await asyncio.sleep(0.005)
 

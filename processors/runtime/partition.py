@@ -25,7 +25,7 @@ from typing import Protocol
 from processors.ledger import CallState, Recover, decide, evolve
 from processors.pipeline import Stages
 from schemas.codec import CodecError, decode
-from schemas.events import Event, ToolCallRequested
+from schemas.events import Event, ToolCallRejected, ToolCallRequested
 from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.partition")
@@ -135,14 +135,22 @@ class PartitionWorker:
                     self.states[key] = evolve(self.states[key], event) or state
                 recovered.extend(events)
         if recovered:
-            log.info("recovered in-flight calls as UNKNOWN",
-                     extra={"partition": self.partition, "count": len(recovered)})
-            await self._store.commit(CommitBatch(
-                self.partition, recovered,
-                {e.call_key: self.states[e.call_key] for e in recovered}))
+            log.info(
+                "recovered in-flight calls as UNKNOWN",
+                extra={"partition": self.partition, "count": len(recovered)},
+            )
+            await self._store.commit(
+                CommitBatch(
+                    self.partition,
+                    recovered,
+                    {e.call_key: self.states[e.call_key] for e in recovered},
+                )
+            )
             self._notify(recovered)
-        self._background = [asyncio.create_task(self._flusher()),
-                            asyncio.create_task(self._sweeper())]
+        self._background = [
+            asyncio.create_task(self._flusher()),
+            asyncio.create_task(self._sweeper()),
+        ]
 
     async def feed(self, offset: int, value: bytes) -> None:
         """Hand over the next input record; returns once it is scheduled (back-pressure)."""
@@ -155,7 +163,24 @@ class PartitionWorker:
             self._spawn(f"dead:{offset}", self._dead_letter(intent))
             return
         chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
+        if chain in self._tails and self._conflicts(intent):
+            chain = intent.intent_id  # answered now, not after the running call: see _conflicts
         self._spawn(chain, self._stages.run_intent(intent, _IntentPort(self, offset)))
+
+    def _conflicts(self, intent: ToolCallRequested) -> bool:
+        """Same key, other arguments, while the key's first call is known: refuse at once.
+
+        The first accepted digest of a key never changes, so the refusal does not depend on
+        the outcome of the call that is still running and need not wait for it.
+        """
+        state = self.states.get(intent.call_key)
+        if state is None:
+            return False
+        admitted = self._stages.admit(intent)
+        return (
+            not isinstance(admitted, ToolCallRejected)
+            and admitted.context.args_digest != state.args_digest
+        )
 
     async def drain(self) -> None:
         """Wait until everything fed so far is committed."""
@@ -176,21 +201,26 @@ class PartitionWorker:
 
     def _decode(self, offset: int, value: bytes) -> ToolCallRequested | DeadLetter:
         if len(value) > self._max_record_bytes:
-            return DeadLetter(offset, f"record of {len(value)} bytes exceeds "
-                                      f"{self._max_record_bytes}", value[:1024])
+            return DeadLetter(
+                offset,
+                f"record of {len(value)} bytes exceeds {self._max_record_bytes}",
+                value[:1024],
+            )
         try:
             event = decode(value)
         except CodecError as exc:
             return DeadLetter(offset, f"undecodable record: {exc}", value[:1024])
         if not isinstance(event, ToolCallRequested):
-            return DeadLetter(offset, f"unexpected {event.TYPE} on the intents stream",
-                              value[:1024])
+            return DeadLetter(
+                offset, f"unexpected {event.TYPE} on the intents stream", value[:1024]
+            )
         return event
 
     async def _dead_letter(self, letter: DeadLetter) -> None:
-        log.warning("dead-lettered an input record",
-                    extra={"partition": self.partition, "offset": letter.offset,
-                           "reason": letter.reason})
+        log.warning(
+            "dead-lettered an input record",
+            extra={"partition": self.partition, "offset": letter.offset, "reason": letter.reason},
+        )
         await self.commit((), letter.offset, dead_letter=letter)
 
     def _spawn(self, chain: str, work: object) -> None:
@@ -206,8 +236,9 @@ class PartitionWorker:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
-                log.exception("executor bug: stopping the partition",
-                              extra={"partition": self.partition})
+                log.exception(
+                    "executor bug: stopping the partition", extra={"partition": self.partition}
+                )
                 self._fail(exc)
             finally:
                 self._sem.release()
@@ -217,8 +248,13 @@ class PartitionWorker:
         task = asyncio.create_task(run())
         self._tails[chain] = task
 
-    async def commit(self, events: Sequence[Event], done_offset: int | None, *,
-                     dead_letter: DeadLetter | None = None) -> None:
+    async def commit(
+        self,
+        events: Sequence[Event],
+        done_offset: int | None,
+        *,
+        dead_letter: DeadLetter | None = None,
+    ) -> None:
         if self._failed is not None:
             raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
         if not events and done_offset is None:
@@ -255,11 +291,14 @@ class PartitionWorker:
                 for item in pending:
                     if not item.future.done():
                         item.future.set_exception(
-                            PartitionFailed(f"partition {self.partition}: commit failed"))
+                            PartitionFailed(f"partition {self.partition}: commit failed")
+                        )
                 if isinstance(exc, asyncio.CancelledError):
                     raise
-                log.error("commit failed: stopping the partition",
-                          extra={"partition": self.partition, "error": type(exc).__name__})
+                log.error(
+                    "commit failed: stopping the partition",
+                    extra={"partition": self.partition, "error": type(exc).__name__},
+                )
                 return
             for item in pending:
                 if not item.future.done():
@@ -288,7 +327,7 @@ class PartitionWorker:
                 tool = self._stages.registry.get(state.context.tool)
                 if tool is None or tool.reconcile is None:
                     continue
-                wait = min(60.0, 2.0 ** state.reconcile_attempts)
+                wait = min(60.0, 2.0**state.reconcile_attempts)
                 if state.updated_at + timedelta(seconds=wait) > now or key in self._tails:
                     continue
                 await self._sem.acquire()

@@ -74,7 +74,8 @@ class SqliteLog:
             handle.close()
             raise LedgerFileError(
                 f"{self.path} is in use by another toolledger process (embedded mode is "
-                "single-node: one executor per file)") from None
+                "single-node: one executor per file)"
+            ) from None
         self._lock_file = handle
 
     def _unlock(self) -> None:
@@ -86,20 +87,27 @@ class SqliteLog:
         existed = self.path.exists() and self.path.stat().st_size > 0
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            tables = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
         except sqlite3.DatabaseError as exc:
-            raise LedgerFileError(f"{self.path} is not an SQLite database ({exc}); "
-                                  "it was left untouched") from None
+            raise LedgerFileError(
+                f"{self.path} is not an SQLite database ({exc}); it was left untouched"
+            ) from None
         if existed and tables and "meta" not in tables:
             conn.close()
-            raise LedgerFileError(f"{self.path} is an SQLite database of another application "
-                                  f"(tables {sorted(tables)[:5]}); it was left untouched")
+            raise LedgerFileError(
+                f"{self.path} is an SQLite database of another application "
+                f"(tables {sorted(tables)[:5]}); it was left untouched"
+            )
         if "meta" in tables:
             row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
             if row is None or row[0] != FORMAT:
                 conn.close()
-                raise LedgerFileError(f"{self.path} has format {row[0] if row else None!r}, "
-                                      f"expected {FORMAT!r}; it was left untouched")
+                raise LedgerFileError(
+                    f"{self.path} has format {row[0] if row else None!r}, "
+                    f"expected {FORMAT!r}; it was left untouched"
+                )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -109,10 +117,13 @@ class SqliteLog:
     def _init_meta(self, partitions: int) -> int:
         with _tx(self.conn):
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)",
-                              (str(partitions),))
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
-                              (secrets.token_hex(32),))
+            self.conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(partitions),)
+            )
+            self.conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
+                (secrets.token_hex(32),),
+            )
         return int(self.meta("partitions"))
 
     def _bump_epoch(self) -> int:
@@ -137,7 +148,8 @@ class SqliteLog:
         key = (topic, partition)
         if key not in self._next:
             row = self.conn.execute(
-                "SELECT MAX(offset) FROM log WHERE topic = ? AND partition = ?", key).fetchone()
+                "SELECT MAX(offset) FROM log WHERE topic = ? AND partition = ?", key
+            ).fetchone()
             self._next[key] = 0 if row[0] is None else row[0] + 1
         return self._next[key]
 
@@ -161,11 +173,17 @@ class SqliteLog:
             self._next.clear()
             raise
 
-    def read(self, topic: str, partition: int, from_offset: int,
-             limit: int = 512) -> list[tuple[int, bytes]]:
-        return [(int(o), bytes(v)) for o, v in self.conn.execute(
-            "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
-            "ORDER BY offset LIMIT ?", (topic, partition, from_offset, limit))]
+    def read(
+        self, topic: str, partition: int, from_offset: int, limit: int = 512
+    ) -> list[tuple[int, bytes]]:
+        return [
+            (int(o), bytes(v))
+            for o, v in self.conn.execute(
+                "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
+                "ORDER BY offset LIMIT ?",
+                (topic, partition, from_offset, limit),
+            )
+        ]
 
     def events(self, topic: str = OUTCOMES) -> Iterator[tuple[Event, Position]]:
         """Every event of a topic in log order; a record that does not decode is an error."""
@@ -178,13 +196,15 @@ class SqliteLog:
                     except CodecError as exc:
                         raise LedgerFileError(
                             f"{self.path}: {topic}[{partition}] offset {offset} does not "
-                            f"decode: {exc}") from None
+                            f"decode: {exc}"
+                        ) from None
                 offset += 1
 
     def position(self, consumer: str, topic: str, partition: int) -> int:
         row = self.conn.execute(
             "SELECT next_offset FROM positions WHERE consumer = ? AND topic = ? AND partition = ?",
-            (consumer, topic, partition)).fetchone()
+            (consumer, topic, partition),
+        ).fetchone()
         return 0 if row is None else int(row[0])
 
     # -- executor state -----------------------------------------------------------------------
@@ -192,7 +212,8 @@ class SqliteLog:
     def load_states(self, partition: int) -> dict[str, CallState]:
         states = {}
         for key, state_json in self.conn.execute(
-                "SELECT call_key, state_json FROM call_state WHERE partition = ?", (partition,)):
+            "SELECT call_key, state_json FROM call_state WHERE partition = ?", (partition,)
+        ):
             states[key] = CallState.model_validate_json(state_json)
         return states
 
@@ -204,21 +225,30 @@ class SqliteLog:
                 self.conn.executemany(
                     "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
                     "DO UPDATE SET state_json = excluded.state_json",
-                    [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()])
+                    [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()],
+                )
                 self.conn.executemany(
                     "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
                     "VALUES (?, ?, ?, ?, ?)",
-                    [(INTENTS, batch.partition, d.offset, d.reason, d.value)
-                     for d in batch.dead_letters])
+                    [
+                        (INTENTS, batch.partition, d.offset, d.reason, d.value)
+                        for d in batch.dead_letters
+                    ],
+                )
                 if batch.next_offset is not None:
                     self.conn.execute(
                         "INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT "
                         "(consumer, topic, partition) DO UPDATE SET next_offset = "
-                        "excluded.next_offset", (EXECUTOR, INTENTS, batch.partition,
-                                                 batch.next_offset))
-                projection.apply(self.conn, (
-                    (event, Position(batch.partition, offset))
-                    for event, offset in zip(batch.events, offsets, strict=True)))
+                        "excluded.next_offset",
+                        (EXECUTOR, INTENTS, batch.partition, batch.next_offset),
+                    )
+                projection.apply(
+                    self.conn,
+                    (
+                        (event, Position(batch.partition, offset))
+                        for event, offset in zip(batch.events, offsets, strict=True)
+                    ),
+                )
         except BaseException:
             self._next.clear()
             raise
@@ -247,4 +277,3 @@ class _tx:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
-

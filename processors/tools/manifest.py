@@ -35,7 +35,9 @@ class RetryPolicy:
 
     def backoff_s(self, round_attempt: int, jitter: float) -> float:
         """Full jitter: ``uniform(0, min(cap, base * 2**n))``; ``jitter`` is in [0, 1)."""
-        return float(jitter * min(self.backoff_cap_s, self.backoff_base_s * 2 ** (round_attempt - 2)))
+        return float(
+            jitter * min(self.backoff_cap_s, self.backoff_base_s * 2 ** (round_attempt - 2))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +49,11 @@ class ToolDescription:
     replay_behaviour: str
 
     def text(self) -> str:
-        return (f"{self.summary}\nUse when: {self.when_to_use}\nDo not use when: "
-                f"{self.when_not_to_use}\nPreconditions: {self.preconditions}\n"
-                f"Replay: {self.replay_behaviour}")
+        return (
+            f"{self.summary}\nUse when: {self.when_to_use}\nDo not use when: "
+            f"{self.when_not_to_use}\nPreconditions: {self.preconditions}\n"
+            f"Replay: {self.replay_behaviour}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +77,18 @@ class ToolError(Exception):
     leaves the outcome UNKNOWN, because the effect may have happened before it was raised.
     """
 
-    def __init__(self, code: str, message: str, *, retryable: bool,
-                 suggested_action: str = "") -> None:
+    def __init__(
+        self, code: str, message: str, *, retryable: bool, suggested_action: str = ""
+    ) -> None:
         super().__init__(message)
         code = code if code.startswith(DOWNSTREAM_PREFIX) else DOWNSTREAM_PREFIX + code
         self.info = ErrorInfo(
-            code=code, message=message, retryable=retryable,
+            code=code,
+            message=message,
+            retryable=retryable,
             suggested_action=suggested_action
-            or ("Retry with the same key." if retryable else "Do not retry this call."))
+            or ("Retry with the same key." if retryable else "Do not retry this call."),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,21 +124,31 @@ class Tool:
 
     @property
     def policy(self) -> Policy:
-        return Policy(max_attempts=self.retry.max_attempts, max_rounds=self.retry.max_rounds,
-                      has_reconcile=self.reconcile is not None)
+        return Policy(
+            max_attempts=self.retry.max_attempts,
+            max_rounds=self.retry.max_rounds,
+            has_reconcile=self.reconcile is not None,
+        )
 
     def manifest(self) -> dict[str, Any]:
         """The public manifest: what ``GET /v1/tools`` and the MCP listing show."""
         return {
-            "name": self.name, "version": self.version, "effect": self.effect.value,
-            "risk": self.risk.value, "timeout_s": self.timeout_s,
-            "retry": {"max_attempts": self.retry.max_attempts,
-                      "max_rounds": self.retry.max_rounds,
-                      "backoff_base_s": self.retry.backoff_base_s,
-                      "backoff_cap_s": self.retry.backoff_cap_s},
-            "reconcile": self.reconcile is not None, "compensation": self.compensation,
+            "name": self.name,
+            "version": self.version,
+            "effect": self.effect.value,
+            "risk": self.risk.value,
+            "timeout_s": self.timeout_s,
+            "retry": {
+                "max_attempts": self.retry.max_attempts,
+                "max_rounds": self.retry.max_rounds,
+                "backoff_base_s": self.retry.backoff_base_s,
+                "backoff_cap_s": self.retry.backoff_cap_s,
+            },
+            "reconcile": self.reconcile is not None,
+            "compensation": self.compensation,
             "idempotency_key_required": self.keyed,
-            "redact_fields": sorted(self.redact_fields), "scopes": sorted(self.scopes),
+            "redact_fields": sorted(self.redact_fields),
+            "scopes": sorted(self.scopes),
             "description": self.description.text(),
             "arguments_schema": self.arguments.model_json_schema(),
             "result_schema": self.result.model_json_schema(),

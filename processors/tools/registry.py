@@ -24,7 +24,8 @@ class ToolRegistry:
         problems = self._problems(tool)
         if problems:
             raise ToolRegistrationError(
-                f"tool {tool.name!r} cannot be registered: " + "; ".join(problems))
+                f"tool {tool.name!r} cannot be registered: " + "; ".join(problems)
+            )
         self._tools[tool.name] = tool
         return tool
 
@@ -43,18 +44,22 @@ class ToolRegistry:
             problems.append("its name must match [a-z][a-z0-9_]{0,63}")
         if tool.name in self._tools:
             problems.append("a tool with this name is already registered")
-        if (tool.effect is not EffectClass.READ_ONLY
-                and tool.risk in (RiskTier.HIGH, RiskTier.IRREVERSIBLE)
-                and tool.reconcile is None):
+        if (
+            tool.effect is not EffectClass.READ_ONLY
+            and tool.risk in (RiskTier.HIGH, RiskTier.IRREVERSIBLE)
+            and tool.reconcile is None
+        ):
             problems.append(
                 f"a {tool.risk.value}-risk {tool.effect.value} needs a reconcile hook (a query "
                 "of the downstream by idempotency key) so that an UNKNOWN outcome can be "
-                "resolved without running it again; pass reconcile=...")
+                "resolved without running it again; pass reconcile=..."
+            )
         smuggled = sorted(self._trusted & set(tool.arguments.model_fields))
         if smuggled:
             problems.append(
                 f"its argument model has trusted-context fields {smuggled}: tenant and principal "
-                "come from authentication, never from model-supplied arguments")
+                "come from authentication, never from model-supplied arguments"
+            )
         if tool.timeout_s <= 0:
             problems.append("timeout_s must be positive")
         if tool.retry.max_attempts < 1 or tool.retry.max_rounds < 1:

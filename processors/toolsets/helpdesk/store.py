@@ -28,8 +28,9 @@ class HelpdeskStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                     timeout=30.0)
+        self._conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_DDL)
         self._lock = threading.Lock()
@@ -37,19 +38,30 @@ class HelpdeskStore:
     def close(self) -> None:
         self._conn.close()
 
-    def record(self, tenant_id: str, tool: str, key: str, resource_id: str, data: str,
-               ticket: tuple[str, str, str] | None = None) -> int:
+    def record(
+        self,
+        tenant_id: str,
+        tool: str,
+        key: str,
+        resource_id: str,
+        data: str,
+        ticket: tuple[str, str, str] | None = None,
+    ) -> int:
         """One real side effect (and, for tickets, the ticket row) in one transaction."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 cur = self._conn.execute(
                     "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data) "
-                    "VALUES (?, ?, ?, ?, ?)", (tenant_id, tool, key, resource_id, data))
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (tenant_id, tool, key, resource_id, data),
+                )
                 if ticket is not None:
                     title, body, priority = ticket
-                    self._conn.execute("INSERT INTO tickets VALUES (?, ?, ?, ?, ?, 'open')",
-                                       (resource_id, tenant_id, title, body, priority))
+                    self._conn.execute(
+                        "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, 'open')",
+                        (resource_id, tenant_id, title, body, priority),
+                    )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -60,33 +72,46 @@ class HelpdeskStore:
         """The first effect recorded under this key: ``(resource_id, data)``."""
         row = self._conn.execute(
             "SELECT resource_id, data FROM effects WHERE tenant_id = ? AND tool = ? AND "
-            "idempotency_key = ? ORDER BY seq LIMIT 1", (tenant_id, tool, key)).fetchone()
+            "idempotency_key = ? ORDER BY seq LIMIT 1",
+            (tenant_id, tool, key),
+        ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
 
     def effect_count(self, tenant_id: str, tool: str, key: str) -> int:
         row = self._conn.execute(
             "SELECT COUNT(*) FROM effects WHERE tenant_id = ? AND tool = ? AND idempotency_key = ?",
-            (tenant_id, tool, key)).fetchone()
+            (tenant_id, tool, key),
+        ).fetchone()
         return int(row[0])
 
     def effect_counts(self) -> dict[tuple[str, str, str], int]:
-        return {(t, tool, k): int(n) for t, tool, k, n in self._conn.execute(
-            "SELECT tenant_id, tool, idempotency_key, COUNT(*) FROM effects "
-            "GROUP BY tenant_id, tool, idempotency_key")}
+        return {
+            (t, tool, k): int(n)
+            for t, tool, k, n in self._conn.execute(
+                "SELECT tenant_id, tool, idempotency_key, COUNT(*) FROM effects "
+                "GROUP BY tenant_id, tool, idempotency_key"
+            )
+        }
 
     def ticket(self, tenant_id: str, ticket_id: str) -> dict[str, Any] | None:
         row = self._conn.execute(
             "SELECT ticket_id, title, priority, status FROM tickets WHERE tenant_id = ? AND "
-            "ticket_id = ?", (tenant_id, ticket_id)).fetchone()
+            "ticket_id = ?",
+            (tenant_id, ticket_id),
+        ).fetchone()
         if row is None:
             return None
         return {"ticket_id": row[0], "title": row[1], "priority": row[2], "status": row[3]}
 
     def tickets(self, tenant_id: str) -> list[dict[str, Any]]:
-        return [{"ticket_id": r[0], "title": r[1], "priority": r[2], "status": r[3]}
-                for r in self._conn.execute(
-                    "SELECT ticket_id, title, priority, status FROM tickets WHERE tenant_id = ? "
-                    "ORDER BY ticket_id", (tenant_id,))]
+        return [
+            {"ticket_id": r[0], "title": r[1], "priority": r[2], "status": r[3]}
+            for r in self._conn.execute(
+                "SELECT ticket_id, title, priority, status FROM tickets WHERE tenant_id = ? "
+                "ORDER BY ticket_id",
+                (tenant_id,),
+            )
+        ]
 
     def close_ticket(self, tenant_id: str, ticket_id: str, key: str) -> bool:
         with self._lock:
@@ -94,11 +119,14 @@ class HelpdeskStore:
             try:
                 cur = self._conn.execute(
                     "UPDATE tickets SET status = 'closed' WHERE tenant_id = ? AND ticket_id = ?",
-                    (tenant_id, ticket_id))
+                    (tenant_id, ticket_id),
+                )
                 if cur.rowcount:
                     self._conn.execute(
                         "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data)"
-                        " VALUES (?, 'close_ticket', ?, ?, '{}')", (tenant_id, key, ticket_id))
+                        " VALUES (?, 'close_ticket', ?, ?, '{}')",
+                        (tenant_id, key, ticket_id),
+                    )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")

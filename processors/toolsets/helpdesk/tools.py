@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,11 +100,22 @@ class Helpdesk:
     def __init__(self, store: HelpdeskStore) -> None:
         self.store = store
 
-    def _effect(self, ctx: ToolContext, prefix: str, data: BaseModel,
-                ticket: tuple[str, str, str] | None = None) -> str:
+    def _effect(
+        self,
+        ctx: ToolContext,
+        prefix: str,
+        data: BaseModel,
+        ticket: tuple[str, str, str] | None = None,
+    ) -> str:
         resource_id = _new_id(prefix)
-        self.store.record(ctx.tenant_id, ctx.tool, ctx.idempotency_key, resource_id,
-                          data.model_dump_json(), ticket)
+        self.store.record(
+            ctx.tenant_id,
+            ctx.tool,
+            ctx.idempotency_key,
+            resource_id,
+            data.model_dump_json(),
+            ticket,
+        )
         return resource_id
 
     def _reconciler(self, result: type[BaseModel], field: str) -> ReconcileHook:
@@ -116,6 +126,7 @@ class Helpdesk:
             resource_id, data = found
             value = result.model_validate({**json.loads(data), field: resource_id})
             return Found(value.model_dump_json(), downstream_request_id=resource_id)
+
         return reconcile
 
     async def create_ticket(self, args: CreateTicketArgs, ctx: ToolContext) -> HandlerResult:
@@ -127,8 +138,12 @@ class Helpdesk:
 
     async def close_ticket(self, args: TicketRef, ctx: ToolContext) -> ClosedTicket:
         if self.store.ticket(ctx.tenant_id, args.ticket_id) is None:
-            raise ToolError("TICKET_NOT_FOUND", f"No ticket {args.ticket_id} in this tenant.",
-                            retryable=False, suggested_action="List the tickets and pick one.")
+            raise ToolError(
+                "TICKET_NOT_FOUND",
+                f"No ticket {args.ticket_id} in this tenant.",
+                retryable=False,
+                suggested_action="List the tickets and pick one.",
+            )
         self.store.close_ticket(ctx.tenant_id, args.ticket_id, ctx.idempotency_key)
         return ClosedTicket(ticket_id=args.ticket_id, status="closed")
 
@@ -145,15 +160,17 @@ class Helpdesk:
     async def charge_card(self, args: ChargeCardArgs, ctx: ToolContext) -> HandlerResult:
         data = Charge(charge_id="", amount_cents=args.amount_cents, currency=args.currency)
         charge_id = self._effect(ctx, "ch", data)
-        return HandlerResult(data.model_copy(update={"charge_id": charge_id}),
-                             downstream_request_id=charge_id)
+        return HandlerResult(
+            data.model_copy(update={"charge_id": charge_id}), downstream_request_id=charge_id
+        )
 
     async def flaky_write(self, args: FlakyWriteArgs, ctx: ToolContext) -> HandlerResult:
         if args.fault == "final":
             raise ToolError("REFUSED", "The downstream refused this write.", retryable=False)
-        if args.fault == "retryable_always" or (args.fault == "transient_once" and ctx.attempt == 1):
-            raise ToolError("UNAVAILABLE", "The downstream is briefly unavailable.",
-                            retryable=True)
+        if args.fault == "retryable_always" or (
+            args.fault == "transient_once" and ctx.attempt == 1
+        ):
+            raise ToolError("UNAVAILABLE", "The downstream is briefly unavailable.", retryable=True)
         if args.fault == "slow":
             await asyncio.sleep(args.delay_ms / 1000)
         write_id = self._effect(ctx, "W", NoArgs())
@@ -166,62 +183,137 @@ def _describe(summary: str, use: str, avoid: str, pre: str, replay: str) -> Tool
     return ToolDescription(summary, use, avoid, pre, replay)
 
 
-_REPLAY = ("Calling again with the same idempotency key and arguments returns the stored "
-           "outcome without running it again; the same key with other arguments is refused.")
+_REPLAY = (
+    "Calling again with the same idempotency key and arguments returns the stored "
+    "outcome without running it again; the same key with other arguments is refused."
+)
 
 
-def helpdesk_registry(store: HelpdeskStore, *, flaky_timeout_s: float = 5.0,
-                      timeout_s: float = 10.0, retry: RetryPolicy | None = None) -> ToolRegistry:
+def helpdesk_registry(
+    store: HelpdeskStore,
+    *,
+    flaky_timeout_s: float = 5.0,
+    timeout_s: float = 10.0,
+    retry: RetryPolicy | None = None,
+) -> ToolRegistry:
     desk = Helpdesk(store)
     retry = retry or RetryPolicy()
     registry = ToolRegistry()
-    registry.register(Tool(
-        name="create_ticket", version="1", arguments=CreateTicketArgs, result=TicketRef,
-        handler=desk.create_ticket, timeout_s=timeout_s, retry=retry,
-        reconcile=desk._reconciler(TicketRef, "ticket_id"),
-        description=_describe(
-            "Open a support ticket.", "A customer problem needs tracking.",
-            "A ticket for the same problem is already open (list_tickets first).",
-            "None.", _REPLAY)))
-    registry.register(Tool(
-        name="list_tickets", version="1", arguments=NoArgs, result=TicketList,
-        handler=desk.list_tickets, effect=EffectClass.READ_ONLY, timeout_s=timeout_s,
-        description=_describe(
-            "List every ticket of the caller's tenant.", "Before opening or closing a ticket.",
-            "Never needed to confirm a call made with an idempotency key.", "None.",
-            "Read-only: needs no idempotency key and is never replayed.")))
-    registry.register(Tool(
-        name="close_ticket", version="1", arguments=TicketRef, result=ClosedTicket,
-        handler=desk.close_ticket, timeout_s=timeout_s, retry=retry,
-        reconcile=desk.reconcile_close,
-        description=_describe(
-            "Close a ticket.", "The customer's problem is solved.",
-            "The ticket belongs to another customer or is still being worked on.",
-            "The ticket exists in this tenant.", _REPLAY)))
-    registry.register(Tool(
-        name="send_email", version="1", arguments=SendEmailArgs, result=EmailSent,
-        handler=desk.send_email, risk=RiskTier.HIGH, timeout_s=timeout_s, retry=retry,
-        reconcile=desk._reconciler(EmailSent, "message_id"),
-        redact_fields=frozenset({"to", "body"}),
-        description=_describe(
-            "Send an email to a customer.", "The customer must be told something in writing.",
-            "Internal notes; anything that can go in the ticket instead.",
-            "A human approved this exact email (high risk).", _REPLAY)))
-    registry.register(Tool(
-        name="charge_card", version="1", arguments=ChargeCardArgs, result=Charge,
-        handler=desk.charge_card, risk=RiskTier.IRREVERSIBLE, timeout_s=timeout_s, retry=retry,
-        reconcile=desk._reconciler(Charge, "charge_id"),
-        redact_fields=frozenset({"customer_id"}),
-        description=_describe(
-            "Charge a customer's card on file.", "An agreed, approved payment is due.",
-            "Refunds, disputed amounts, or anything not approved by a human.",
-            "A human approved this exact amount and currency (irreversible).", _REPLAY)))
-    registry.register(Tool(
-        name="flaky_write", version="1", arguments=FlakyWriteArgs, result=Written,
-        handler=desk.flaky_write, timeout_s=flaky_timeout_s, retry=retry,
-        reconcile=desk._reconciler(Written, "write_id"),
-        description=_describe(
-            "A test tool that writes a payload and can inject faults.",
-            "Exercising retries, final failures, timeouts and reconciliation.",
-            "Real work.", "None.", _REPLAY)))
+    registry.register(
+        Tool(
+            name="create_ticket",
+            version="1",
+            arguments=CreateTicketArgs,
+            result=TicketRef,
+            handler=desk.create_ticket,
+            timeout_s=timeout_s,
+            retry=retry,
+            reconcile=desk._reconciler(TicketRef, "ticket_id"),
+            description=_describe(
+                "Open a support ticket.",
+                "A customer problem needs tracking.",
+                "A ticket for the same problem is already open (list_tickets first).",
+                "None.",
+                _REPLAY,
+            ),
+        )
+    )
+    registry.register(
+        Tool(
+            name="list_tickets",
+            version="1",
+            arguments=NoArgs,
+            result=TicketList,
+            handler=desk.list_tickets,
+            effect=EffectClass.READ_ONLY,
+            timeout_s=timeout_s,
+            description=_describe(
+                "List every ticket of the caller's tenant.",
+                "Before opening or closing a ticket.",
+                "Never needed to confirm a call made with an idempotency key.",
+                "None.",
+                "Read-only: needs no idempotency key and is never replayed.",
+            ),
+        )
+    )
+    registry.register(
+        Tool(
+            name="close_ticket",
+            version="1",
+            arguments=TicketRef,
+            result=ClosedTicket,
+            handler=desk.close_ticket,
+            timeout_s=timeout_s,
+            retry=retry,
+            reconcile=desk.reconcile_close,
+            description=_describe(
+                "Close a ticket.",
+                "The customer's problem is solved.",
+                "The ticket belongs to another customer or is still being worked on.",
+                "The ticket exists in this tenant.",
+                _REPLAY,
+            ),
+        )
+    )
+    registry.register(
+        Tool(
+            name="send_email",
+            version="1",
+            arguments=SendEmailArgs,
+            result=EmailSent,
+            handler=desk.send_email,
+            risk=RiskTier.HIGH,
+            timeout_s=timeout_s,
+            retry=retry,
+            reconcile=desk._reconciler(EmailSent, "message_id"),
+            redact_fields=frozenset({"to", "body"}),
+            description=_describe(
+                "Send an email to a customer.",
+                "The customer must be told something in writing.",
+                "Internal notes; anything that can go in the ticket instead.",
+                "A human approved this exact email (high risk).",
+                _REPLAY,
+            ),
+        )
+    )
+    registry.register(
+        Tool(
+            name="charge_card",
+            version="1",
+            arguments=ChargeCardArgs,
+            result=Charge,
+            handler=desk.charge_card,
+            risk=RiskTier.IRREVERSIBLE,
+            timeout_s=timeout_s,
+            retry=retry,
+            reconcile=desk._reconciler(Charge, "charge_id"),
+            redact_fields=frozenset({"customer_id"}),
+            description=_describe(
+                "Charge a customer's card on file.",
+                "An agreed, approved payment is due.",
+                "Refunds, disputed amounts, or anything not approved by a human.",
+                "A human approved this exact amount and currency (irreversible).",
+                _REPLAY,
+            ),
+        )
+    )
+    registry.register(
+        Tool(
+            name="flaky_write",
+            version="1",
+            arguments=FlakyWriteArgs,
+            result=Written,
+            handler=desk.flaky_write,
+            timeout_s=flaky_timeout_s,
+            retry=retry,
+            reconcile=desk._reconciler(Written, "write_id"),
+            description=_describe(
+                "A test tool that writes a payload and can inject faults.",
+                "Exercising retries, final failures, timeouts and reconciliation.",
+                "Real work.",
+                "None.",
+                _REPLAY,
+            ),
+        )
+    )
     return registry

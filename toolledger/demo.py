@@ -1,0 +1,222 @@
+"""``toolledger demo``: a scripted agent session on the embedded backend, checked as it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from processors.tools.manifest import RetryPolicy
+from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.keys import derive_idempotency_key
+from schemas.status import CallStatus
+from toolledger.embedded import EmbeddedLedger
+
+AGENT = TrustedContext("acme", "support-agent-7")
+RUN = "run-2026-11-29-0001"
+
+
+@dataclass
+class Checks:
+    failures: list[str] = field(default_factory=list)
+    passed: int = 0
+
+    def expect(self, ok: bool, what: str) -> None:
+        if ok:
+            self.passed += 1
+        else:
+            self.failures.append(what)
+
+
+@dataclass
+class Scene:
+    title: str
+    tool: str
+    key: str
+    run: Callable[[LedgerClient, Checks, str], Awaitable[None]]
+    effects: int  # side effects the downstream must show for this key at the end
+
+
+def _key(step: str) -> str:
+    return derive_idempotency_key(RUN, step)
+
+
+async def _retries(client: LedgerClient, checks: Checks, key: str) -> None:
+    args = {"title": "Customer cannot log in", "priority": "high"}
+    results = [
+        await client.call("create_ticket", args, idempotency_key=key, context=AGENT)
+        for _ in range(3)
+    ]
+    checks.expect(all(r.ok for r in results), "retries: every call succeeded")
+    checks.expect(
+        [r.replayed for r in results] == [False, True, True],
+        "retries: only the first call executed",
+    )
+    checks.expect(len({json.dumps(r.result) for r in results}) == 1, "retries: one ticket id")
+
+
+async def _parallel(client: LedgerClient, checks: Checks, key: str) -> None:
+    args = {"payload": "parallel branch", "fault": "slow", "delay_ms": 200}
+    results = await asyncio.gather(
+        *(client.call("flaky_write", args, idempotency_key=key, context=AGENT) for _ in range(8))
+    )
+    checks.expect(all(r.ok for r in results), "parallel: all 8 succeeded")
+    checks.expect(sum(not r.replayed for r in results) == 1, "parallel: exactly one executed")
+
+
+async def _reuse(client: LedgerClient, checks: Checks, key: str) -> None:
+    await client.call(
+        "create_ticket", {"title": "Refund request"}, idempotency_key=key, context=AGENT
+    )
+    other = await client.call(
+        "create_ticket", {"title": "Something else"}, idempotency_key=key, context=AGENT
+    )
+    checks.expect(
+        other.error is not None and other.error.code == "IDEMPOTENCY_KEY_REUSED",
+        "reuse: other arguments refused with IDEMPOTENCY_KEY_REUSED",
+    )
+
+
+async def _validation(client: LedgerClient, checks: Checks, key: str) -> None:
+    bad = await client.call(
+        "charge_card",
+        {"customer_id": "cus_42", "amount_cents": 0, "currency": "GBP"},
+        idempotency_key=key,
+        context=AGENT,
+    )
+    checks.expect(
+        bad.error is not None
+        and bad.error.code == "VALIDATION_FAILED"
+        and len(bad.field_errors) == 2,
+        "validation: two field errors",
+    )
+    good = await client.call(
+        "charge_card",
+        {"customer_id": "cus_42", "amount_cents": 1999, "currency": "EUR"},
+        idempotency_key=key,
+        context=AGENT,
+    )
+    checks.expect(good.ok and not good.replayed, "validation: corrected call with the same key ran")
+
+
+async def _transient(client: LedgerClient, checks: Checks, key: str) -> None:
+    result = await client.call(
+        "flaky_write",
+        {"payload": "x", "fault": "transient_once"},
+        idempotency_key=key,
+        context=AGENT,
+    )
+    checks.expect(result.ok and result.attempts == 2, "transient: succeeded on attempt 2")
+
+
+async def _final(client: LedgerClient, checks: Checks, key: str) -> None:
+    args = {"payload": "x", "fault": "final"}
+    first = await client.call("flaky_write", args, idempotency_key=key, context=AGENT)
+    again = await client.call("flaky_write", args, idempotency_key=key, context=AGENT)
+    checks.expect(
+        first.status is CallStatus.FAILED_FINAL and not first.replayed,
+        "final: first call failed for good",
+    )
+    checks.expect(
+        again.status is CallStatus.FAILED_FINAL and again.replayed,
+        "final: the retry got the stored failure",
+    )
+
+
+async def _unknown(client: LedgerClient, checks: Checks, key: str) -> None:
+    args = {"payload": "x", "fault": "hang_after_effect"}
+    first = await client.call("flaky_write", args, idempotency_key=key, context=AGENT)
+    checks.expect(first.status is CallStatus.UNKNOWN, "unknown: the timeout left it UNKNOWN")
+    again = await client.call("flaky_write", args, idempotency_key=key, context=AGENT)
+    checks.expect(again.ok and again.replayed, "unknown: reconcile found the effect")
+
+
+SCENES = [
+    Scene("retry of the same intent (3 times)", "create_ticket", _key("open-ticket"), _retries, 1),
+    Scene("8 parallel branches, one key", "flaky_write", _key("parallel-write"), _parallel, 1),
+    Scene("key reused with other arguments", "create_ticket", _key("refund"), _reuse, 1),
+    Scene("validation failure, then corrected", "charge_card", _key("charge"), _validation, 1),
+    Scene("transient failure retried", "flaky_write", _key("transient"), _transient, 1),
+    Scene("final failure replayed", "flaky_write", _key("final"), _final, 0),
+    Scene("hang after effect -> UNKNOWN -> reconciled", "flaky_write", _key("hang"), _unknown, 1),
+]
+
+
+async def run_demo(workdir: Path, console: Console) -> Checks:
+    store = HelpdeskStore(workdir / "downstream.db")
+    registry = helpdesk_registry(store, flaky_timeout_s=1.0, retry=RetryPolicy(backoff_base_s=0.05))
+    checks = Checks()
+    async with EmbeddedLedger(workdir / "ledger.db", registry, sweep_interval_s=30) as ledger:
+        for number, scene in enumerate(SCENES, 1):
+            with console.status(f"[bold]scene {number}/{len(SCENES)}[/]: {scene.title}"):
+                await scene.run(ledger.client, checks, scene.key)
+            effects = store.effect_count(AGENT.tenant_id, scene.tool, scene.key)
+            checks.expect(
+                effects == scene.effects,
+                f"{scene.title}: {effects} side effects, expected {scene.effects}",
+            )
+            console.print(
+                f"[green]✓[/] scene {number}: {scene.title} "
+                f"({effects} side effect{'s' if effects != 1 else ''})"
+            )
+        assert ledger.runtime is not None and ledger.log is not None
+        await ledger.runtime.drain()
+        console.print(_audit_table(ledger, {s.key for s in SCENES}))
+        console.print(_effects_table(store))
+    store.close()
+    return checks
+
+
+def _audit_table(ledger: EmbeddedLedger, keys: set[str]) -> Table:
+    assert ledger.log is not None
+    table = Table(title="audit trail (tool_call_events, redacted)", show_lines=False)
+    for column in ("#", "tool", "idempotency key", "event", "detail"):
+        table.add_column(column)
+    rows = ledger.log.conn.execute(
+        "SELECT seq, tool_name, idempotency_key, event_type, payload_json FROM tool_call_events "
+        "ORDER BY seq"
+    ).fetchall()
+    for seq, tool, key, event_type, payload in rows:
+        table.add_row(
+            str(seq),
+            tool,
+            key if key in keys else key[:20],
+            event_type,
+            _detail(json.loads(payload)),
+        )
+    return table
+
+
+def _detail(payload: dict[str, object]) -> str:
+    for name in ("error", "resolution", "status", "result_json", "reason"):
+        value = payload.get(name)
+        if isinstance(value, dict):
+            return str(value.get("code"))
+        if value:
+            return str(value)[:60]
+    attempt = payload.get("attempt")
+    return f"attempt {attempt}" if attempt else ""
+
+
+def _effects_table(store: HelpdeskStore) -> Table:
+    table = Table(title="side effects at the downstream, per key")
+    for column in ("tenant", "tool", "idempotency key", "effects"):
+        table.add_column(column)
+    for (tenant, tool, key), count in sorted(store.effect_counts().items()):
+        table.add_row(tenant, tool, key, f"[{'green' if count == 1 else 'red'}]{count}[/]")
+    return table
+
+
+def print_result(console: Console, checks: Checks, result: CallResult | None = None) -> None:
+    if checks.failures:
+        for failure in checks.failures:
+            console.print(f"[red]✗ {failure}[/]")
+        console.print(f"[red bold]{len(checks.failures)} invariant check(s) failed[/]")
+    else:
+        console.print(f"[green bold]all {checks.passed} invariant checks passed[/]")
