@@ -33,6 +33,9 @@ class OutcomeHub:
                 if not future.done():
                     future.set_result(event)
 
+    def is_waiting(self, intent_id: str) -> bool:
+        return intent_id in self._waiters
+
     @property
     def waiting(self) -> int:
         return len(self._waiters)

@@ -7,12 +7,11 @@ executor uses). ``tool_call_events`` is the append-only audit trail, deduplicate
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from processors.ledger import CallState
-from schemas.codec import event_to_json
 from schemas.events import Event
 from schemas.keys import CallKey
 
@@ -62,8 +61,14 @@ class Position:
     offset: int
 
 
+@lru_cache(maxsize=65536)
 def call_id_of(call_key: str) -> str:
     return CallKey.parse(call_key).call_id
+
+
+def payload_json(event: Event) -> str:
+    """The audit payload: the event as JSON with its ``type`` (outcome events are redacted)."""
+    return f'{{"type":"{event.TYPE}",' + event.model_dump_json()[1:]
 
 
 def call_row(call_key: str, state: CallState) -> dict[str, Any]:
@@ -108,5 +113,5 @@ def event_row(event: Event, position: Position) -> dict[str, Any]:
         "run_id": env.run_id,
         "event_type": event.TYPE,
         "occurred_at": env.occurred_at,
-        "payload_json": json.dumps(event_to_json(event), separators=(",", ":"), ensure_ascii=False),
+        "payload_json": payload_json(event),
     }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from processors.ledger import CallState, evolve
 from projections.rows import CALL_COLUMNS, EVENT_COLUMNS, Position, call_row, event_row
@@ -76,24 +77,43 @@ def drop(conn: sqlite3.Connection) -> None:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-def apply(conn: sqlite3.Connection, events: Iterable[tuple[Event, Position]]) -> None:
-    """Fold events into the tables. Call inside the transaction that records their position."""
-    states: dict[str, CallState | None] = {}
+def apply(
+    conn: sqlite3.Connection,
+    events: Sequence[tuple[Event, Position]],
+    states: Mapping[str, CallState] | None = None,
+) -> None:
+    """Fold events into the tables. Call inside the transaction that records their position.
+
+    ``states``: the states after these events, when the caller (the embedded executor) has
+    already folded them with the same ``evolve``; otherwise they are folded here, from the
+    stored row, skipping events already applied.
+    """
+    if states is not None:
+        conn.executemany(_INSERT_EVENT, [_sqlite(event_row(e, p)) for e, p in events])
+        conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in states.items()])
+        return
+    folded: dict[str, CallState | None] = {}
+    changed: dict[str, CallState] = {}
     for event, position in events:
         if conn.execute(_INSERT_EVENT, _sqlite(event_row(event, position))).rowcount == 0:
             continue  # already applied: redelivery
         key = event.call_key
-        if key not in states:
+        if key not in folded:
             row = conn.execute(
                 "SELECT state_json FROM tool_calls WHERE call_key = ?", (key,)
             ).fetchone()
-            states[key] = CallState.model_validate_json(row[0]) if row else None
-        before = states[key]
-        after = evolve(before, event)
-        if after is not None and after is not before:
-            states[key] = after
-            conn.execute(_UPSERT_CALL, _sqlite(call_row(key, after)))
+            folded[key] = CallState.model_validate_json(row[0]) if row else None
+        after = evolve(folded[key], event)
+        if after is not None and after is not folded[key]:
+            folded[key] = changed[key] = after
+    conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
 
 
-def _sqlite(row: dict[str, object]) -> dict[str, object]:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+_TIMES = ("created_at", "updated_at", "occurred_at")
+
+
+def _sqlite(row: dict[str, Any]) -> dict[str, Any]:
+    for name in _TIMES:
+        if name in row:
+            row[name] = row[name].isoformat()
+    return row

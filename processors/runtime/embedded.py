@@ -17,6 +17,7 @@ from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
 from schemas.codec import encode
 from schemas.events import Event, ToolCallRequested
 from schemas.keys import partition_for
+from schemas.topics import partition_key
 
 
 class _Store:
@@ -29,12 +30,6 @@ class _Store:
     async def commit(self, batch: CommitBatch) -> None:
         encoded = [(e.call_key.encode("utf-8"), encode(e)) for e in batch.events]
         self._log.commit(batch, encoded)
-
-
-def partition_key(intent: ToolCallRequested) -> bytes:
-    """Keyed calls partition by call key; unkeyed (read-only) ones by intent id."""
-    env = intent.envelope
-    return (env.call_key if env.idempotency_key else env.intent_id).encode("utf-8")
 
 
 class EmbeddedRuntime:

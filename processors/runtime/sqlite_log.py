@@ -244,10 +244,11 @@ class SqliteLog:
                     )
                 projection.apply(
                     self.conn,
-                    (
+                    [
                         (event, Position(batch.partition, offset))
                         for event, offset in zip(batch.events, offsets, strict=True)
-                    ),
+                    ],
+                    batch.states,
                 )
         except BaseException:
             self._next.clear()

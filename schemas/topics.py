@@ -1,0 +1,53 @@
+"""Topic names, partition keys and the co-partitioning rule shared by producers and processors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.events import ToolCallRequested
+from schemas.keys import partition_for
+
+INTENT_ID_HEADER = "intent_id"
+REASON_HEADER = "reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """``intents``, ``outcomes``, ``state`` (compacted) and ``dead-letters``, co-partitioned:
+    the same call key maps to the same partition number in each of them."""
+
+    prefix: str = "toolledger."
+    partitions: int = 4
+
+    @property
+    def intents(self) -> str:
+        return f"{self.prefix}intents"
+
+    @property
+    def outcomes(self) -> str:
+        return f"{self.prefix}outcomes"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}state"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.prefix}dead-letters"
+
+    @property
+    def executor_group(self) -> str:
+        return f"{self.prefix}executor"
+
+    @property
+    def projector_group(self) -> str:
+        return f"{self.prefix}projector"
+
+    def partition_of(self, intent: ToolCallRequested) -> int:
+        return partition_for(partition_key(intent), self.partitions)
+
+
+def partition_key(intent: ToolCallRequested) -> bytes:
+    """Keyed calls partition by call key; unkeyed (read-only) ones by intent id."""
+    env = intent.envelope
+    return (env.call_key if env.idempotency_key else env.intent_id).encode("utf-8")
