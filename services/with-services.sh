@@ -7,7 +7,7 @@
 # Kafka major version: TOOLLEDGER_KAFKA_MAJOR (or KAFKA_MAJOR) = 3 (default) or 4.
 # Ports: TOOLLEDGER_KAFKA_PORT (19092), TOOLLEDGER_KAFKA_CONTROLLER_PORT (port+1), TOOLLEDGER_PG_PORT (15432).
 # CMD sees TOOLLEDGER_KAFKA / TOOLLEDGER_POSTGRES pointing at these services.
-# If both services were already running before (e.g. `make services-up`), they are left running.
+# A service that was already running before (e.g. `make services-up`) is used and left running.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -23,16 +23,18 @@ postgres_running() {
     && pid=$(head -n 1 "$base/data/postmaster.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null
 }
 
-KEEP=0
-if kafka_running && postgres_running; then
-  KEEP=1
-  echo "[with-services] services already running; they will be left running"
-fi
-if [ "$KEEP" = 0 ]; then
-  trap 'bash "$HERE/down.sh"' EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-fi
+# stop afterwards only what this run starts
+STOP_KAFKA=1; STOP_PG=1
+kafka_running && { STOP_KAFKA=0; echo "[with-services] Kafka already running on port ${TOOLLEDGER_KAFKA_PORT:-19092}; leaving it running"; }
+postgres_running && { STOP_PG=0; echo "[with-services] PostgreSQL already running; leaving it running"; }
+# shellcheck disable=SC2317  # invoked through the EXIT trap
+cleanup() {
+  if [ "$STOP_KAFKA" = 1 ]; then bash "$HERE/kafka/stop.sh" || true; fi
+  if [ "$STOP_PG" = 1 ]; then bash "$HERE/postgres/stop.sh" || true; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 bash "$HERE/up.sh" || exit 1
 
 # the command must talk to the services started here, not to values inherited from the caller
