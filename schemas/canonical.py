@@ -44,6 +44,7 @@ def normalise(value: Any, _path: str = "$") -> JsonValue:
             return int(value)
         return value
     if isinstance(value, str):
+        _encodable(value, _path)
         return unicodedata.normalize("NFC", value)
     if isinstance(value, (list, tuple)):
         return [normalise(item, f"{_path}[{i}]") for i, item in enumerate(value)]
@@ -52,12 +53,20 @@ def normalise(value: Any, _path: str = "$") -> JsonValue:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalJsonError(f"{_path}: object keys must be strings, got {key!r}")
+            _encodable(key, _path)
             nkey = unicodedata.normalize("NFC", key)
             if nkey in out:
                 raise CanonicalJsonError(f"{_path}: duplicate key {nkey!r} after NFC normalisation")
             out[nkey] = normalise(item, f"{_path}.{nkey}")
         return {k: out[k] for k in sorted(out)}
     raise CanonicalJsonError(f"{_path}: {type(value).__name__} is not a JSON value")
+
+
+def _encodable(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CanonicalJsonError(f"{path}: a lone surrogate is not valid Unicode text") from None
 
 
 def canonical_json(value: Any) -> str:

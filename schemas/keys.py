@@ -44,7 +44,8 @@ def derive_idempotency_key(run_id: str, step_id: str) -> str:
     if not run_id or not step_id:
         raise InvalidIdempotencyKey("run_id and step_id must both be non-empty")
     readable = f"{run_id}:{step_id}"
-    if len(readable) <= 200 and all(0x21 <= ord(c) <= 0x7E for c in readable):
+    # readable only when unambiguous: the run id has no ':' (the first ':' separates the two)
+    if ":" not in run_id and len(readable) <= 200 and all(0x21 <= ord(c) <= 0x7E for c in readable):
         return "step:" + readable
     digest = hashlib.sha256(json.dumps([run_id, step_id]).encode("utf-8")).hexdigest()
     return "step-sha256:" + digest

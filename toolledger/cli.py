@@ -12,6 +12,7 @@ from rich.console import Console
 
 from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
 from toolledger import logs
+from toolledger.config import DEFAULT_KAFKA, ConfigError, load_tools, redaction_secret
 
 app = typer.Typer(
     help="toolledger: an execution ledger for AI agents' tool calls.",
@@ -64,6 +65,54 @@ def replay(
     finally:
         log.close()
     console.print(f"rebuilt projections from {count} events")
+
+
+KafkaOption = Annotated[str, typer.Option("--kafka", help="Kafka bootstrap servers.")]
+PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
+PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
+
+
+@app.command()
+def executor(
+    kafka: KafkaOption = DEFAULT_KAFKA,
+    prefix: PrefixOption = "toolledger.",
+    partitions: PartitionsOption = 4,
+    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    helpdesk_db: Annotated[Path, typer.Option(help="Downstream store of the helpdesk tools.")] = (
+        Path("helpdesk.db")
+    ),
+    timeout_s: Annotated[float, typer.Option(help="Helpdesk tools' timeout.")] = 10.0,
+    flaky_timeout_s: Annotated[float, typer.Option(help="flaky_write's timeout.")] = 5.0,
+    concurrency: Annotated[int, typer.Option(help="Calls in flight per partition.")] = 64,
+    session_timeout_ms: Annotated[int, typer.Option(help="Consumer session timeout.")] = 30_000,
+    redaction_secret_file: Annotated[Path | None, typer.Option(help="Redaction key file.")] = None,
+    ready_file: Annotated[
+        str | None, typer.Option(help="Touched once partitions are owned.")
+    ] = None,
+) -> None:
+    """Run the executor on Kafka (until SIGTERM)."""
+    from schemas.topics import Topics
+    from toolledger.distributed import run_executor
+
+    try:
+        secret = redaction_secret(redaction_secret_file)
+        registry = load_tools(
+            tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
+        )
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    asyncio.run(
+        run_executor(
+            kafka,
+            Topics(prefix, partitions),
+            registry,
+            secret,
+            concurrency=concurrency,
+            session_timeout_ms=session_timeout_ms,
+            ready_file=ready_file,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def _new_round(
     if state.rounds >= policy.max_rounds:
         last = state.error.code if state.error else "none"
         failed = ToolCallFailed(
-            envelope=ctx.envelope(_eid(ctx, "failed", attempt), now),
+            envelope=ctx.envelope(_eid(ctx, "failed", state.attempts), now),
             attempt=state.attempts,
             error=ErrorInfo.of(
                 ErrorCode.RETRY_LIMIT_EXCEEDED,

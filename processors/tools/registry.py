@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from pydantic import AliasChoices, AliasPath, BaseModel
+
 from processors.tools.manifest import EffectClass, RiskTier, Tool
 
-TRUSTED_CONTEXT_FIELDS = frozenset({"tenant_id", "tenant", "user_id", "principal", "scopes"})
+TRUSTED_CONTEXT_FIELDS = frozenset(
+    {"tenant_id", "tenant", "user_id", "principal", "scopes", "run_id", "step_id"}
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -40,7 +44,7 @@ class ToolRegistry:
 
     def _problems(self, tool: Tool) -> list[str]:
         problems = []
-        if not _NAME.match(tool.name):
+        if not _NAME.fullmatch(tool.name):
             problems.append("its name must match [a-z][a-z0-9_]{0,63}")
         if tool.name in self._tools:
             problems.append("a tool with this name is already registered")
@@ -54,7 +58,7 @@ class ToolRegistry:
                 "of the downstream by idempotency key) so that an UNKNOWN outcome can be "
                 "resolved without running it again; pass reconcile=..."
             )
-        smuggled = sorted(self._trusted & set(tool.arguments.model_fields))
+        smuggled = sorted(self._trusted & _accepted_names(tool.arguments))
         if smuggled:
             problems.append(
                 f"its argument model has trusted-context fields {smuggled}: tenant and principal "
@@ -71,3 +75,18 @@ class ToolRegistry:
         if unknown:
             problems.append(f"redact_fields names unknown argument fields {unknown}")
         return problems
+
+
+def _accepted_names(model: type[BaseModel]) -> set[str]:
+    """Every name under which a model accepts a field: attribute names and aliases."""
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                names.add(alias)
+            elif isinstance(alias, AliasChoices):
+                names.update(c for c in alias.choices if isinstance(c, str))
+            elif isinstance(alias, AliasPath) and alias.path and isinstance(alias.path[0], str):
+                names.add(alias.path[0])
+    return names

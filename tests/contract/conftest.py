@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.contract.embedded import EmbeddedHarness
 from tests.contract.harness import Harness
+from tests.services import Services
 
-BACKENDS: dict[str, Callable[[Path], Harness]] = {"embedded": EmbeddedHarness}
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    return Services.from_env()
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.services)])
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    harness = BACKENDS[request.param](tmp_path)
+    harness: Harness
+    if request.param == "kafka":
+        from tests.contract.kafka import KafkaHarness
+
+        harness = KafkaHarness(tmp_path, request.getfixturevalue("services"))
+    else:
+        harness = EmbeddedHarness(tmp_path)
     await harness.start()
     try:
         yield harness
     finally:
-        await harness.crash()
+        await harness.close()
         harness.store.close()

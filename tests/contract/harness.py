@@ -50,6 +50,10 @@ class Harness(ABC):
     async def crash(self) -> None:
         """Stop the executor abruptly: nothing after the last durable commit survives."""
 
+    async def close(self) -> None:
+        """Release everything the harness holds (after the test)."""
+        await self.crash()
+
     async def restart(self, *, crash: bool = False) -> None:
         await (self.crash() if crash else self.stop())
         await self.start()

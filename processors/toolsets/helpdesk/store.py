@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ CREATE TABLE IF NOT EXISTS tickets (
     ticket_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, title TEXT NOT NULL,
     body TEXT NOT NULL, priority TEXT NOT NULL, status TEXT NOT NULL);
 """
+
+
+class DeadlineExceeded(Exception):
+    """The request arrived after its deadline: refused, nothing written."""
 
 
 class HelpdeskStore:
@@ -46,11 +51,20 @@ class HelpdeskStore:
         resource_id: str,
         data: str,
         ticket: tuple[str, str, str] | None = None,
+        *,
+        deadline: datetime | None = None,
     ) -> int:
-        """One real side effect (and, for tickets, the ticket row) in one transaction."""
+        """One real side effect (and, for tickets, the ticket row) in one transaction.
+
+        Like a downstream that honours request deadlines, it refuses a request whose deadline
+        has passed, checked inside the write transaction: an executor paused past its
+        deadline cannot add an effect after another owner took the call over.
+        """
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                if deadline is not None and datetime.now(UTC) > deadline:
+                    raise DeadlineExceeded(f"{tool}: the request arrived after its deadline")
                 cur = self._conn.execute(
                     "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data) "
                     "VALUES (?, ?, ?, ?, ?)",
@@ -113,10 +127,14 @@ class HelpdeskStore:
             )
         ]
 
-    def close_ticket(self, tenant_id: str, ticket_id: str, key: str) -> bool:
+    def close_ticket(
+        self, tenant_id: str, ticket_id: str, key: str, *, deadline: datetime | None = None
+    ) -> bool:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                if deadline is not None and datetime.now(UTC) > deadline:
+                    raise DeadlineExceeded("close_ticket: the request arrived after its deadline")
                 cur = self._conn.execute(
                     "UPDATE tickets SET status = 'closed' WHERE tenant_id = ? AND ticket_id = ?",
                     (tenant_id, ticket_id),

@@ -115,6 +115,7 @@ class Helpdesk:
             resource_id,
             data.model_dump_json(),
             ticket,
+            deadline=ctx.deadline,
         )
         return resource_id
 
@@ -144,7 +145,9 @@ class Helpdesk:
                 retryable=False,
                 suggested_action="List the tickets and pick one.",
             )
-        self.store.close_ticket(ctx.tenant_id, args.ticket_id, ctx.idempotency_key)
+        self.store.close_ticket(
+            ctx.tenant_id, args.ticket_id, ctx.idempotency_key, deadline=ctx.deadline
+        )
         return ClosedTicket(ticket_id=args.ticket_id, status="closed")
 
     async def reconcile_close(self, ctx: ToolContext) -> ReconcileOutcome:

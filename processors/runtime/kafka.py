@@ -1,0 +1,314 @@
+"""The executor on Kafka (aiokafka): one transactional producer per owned intents partition.
+
+Executor invariant, as kept here:
+
+    A tool handler runs for a call key only after a ``ToolCallStarted`` for that key has been
+    committed by the current owner of its partition. On taking over a partition, a key found
+    PENDING with no terminal event becomes UNKNOWN and goes to reconcile; it is never re-run
+    blind.
+
+* ``transactional_id = <group>-<partition>``: a new owner's ``init_transactions`` bumps the
+  producer epoch, aborts the old owner's open transaction and fences it: the zombie's next
+  commit fails, and a worker whose commit failed stops before calling any handler.
+* per batch, one transaction carries outcome events, the call states (compacted ``state``
+  topic) and, once intents are fully processed, their offsets (``send_offsets_to_transaction``).
+* state is restored on assignment from the ``state`` topic, read ``read_committed`` *after*
+  ``init_transactions``, so nothing the previous owner left open can be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from processors.ledger import CallState
+from processors.pipeline import Stages
+from processors.runtime.partition import CommitBatch, PartitionWorker
+from schemas.codec import encode
+from schemas.events import Event
+from schemas.topics import INTENT_ID_HEADER, REASON_HEADER, Topics
+
+log = logging.getLogger("toolledger.kafka")
+
+
+class KafkaStore:
+    """A partition's :class:`~processors.runtime.partition.PartitionStore` on Kafka."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        partition: int,
+        states: dict[str, CallState],
+    ) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._partition = partition
+        self._states = states
+        self._committed_offset: int | None = None
+
+    async def load_states(self, partition: int) -> dict[str, CallState]:
+        return self._states
+
+    async def commit(self, batch: CommitBatch) -> None:
+        producer, topics, p = self._producer, self._topics, self._partition
+        await producer.begin_transaction()
+        try:
+            for event in batch.events:
+                await producer.send(
+                    topics.outcomes,
+                    encode(event),
+                    key=event.call_key.encode("utf-8"),
+                    partition=p,
+                    headers=[(INTENT_ID_HEADER, event.intent_id.encode("utf-8"))],
+                )
+            for key, state in batch.states.items():
+                await producer.send(
+                    topics.state,
+                    state.model_dump_json().encode("utf-8"),
+                    key=key.encode("utf-8"),
+                    partition=p,
+                )
+            for letter in batch.dead_letters:
+                reason = json.dumps(
+                    {"partition": p, "offset": letter.offset, "reason": letter.reason}
+                ).encode("utf-8")
+                await producer.send(
+                    topics.dead_letters,
+                    letter.value,
+                    partition=p,
+                    headers=[(REASON_HEADER, reason)],
+                )
+            if batch.next_offset is not None and batch.next_offset != self._committed_offset:
+                await producer.send_offsets_to_transaction(
+                    {TopicPartition(topics.intents, p): batch.next_offset}, topics.executor_group
+                )
+            await producer.commit_transaction()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.abort_transaction()
+            raise
+        if batch.next_offset is not None:
+            self._committed_offset = batch.next_offset
+
+
+async def restore_states(bootstrap: str, topics: Topics, partition: int) -> dict[str, CallState]:
+    """Read one partition of the compacted state topic to its end (last stable offset)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topics.state, partition)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        states: dict[str, CallState] = {}
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                for record in records:
+                    if record.key is not None and record.value is not None:
+                        states[record.key.decode("utf-8")] = CallState.model_validate_json(
+                            record.value
+                        )
+        return states
+    finally:
+        await consumer.stop()
+
+
+class _Owned:
+    def __init__(self, producer: AIOKafkaProducer, worker: PartitionWorker) -> None:
+        self.producer = producer
+        self.worker = worker
+
+
+class KafkaExecutor:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        stages: Stages,
+        *,
+        concurrency: int = 64,
+        session_timeout_ms: int = 30_000,
+        sweep_interval_s: float = 1.0,
+        on_committed: Callable[[Sequence[Event]], None] | None = None,
+        client_id: str = "toolledger-executor",
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self._stages = stages
+        self._concurrency = concurrency
+        self._session_timeout_ms = session_timeout_ms
+        self._sweep_interval_s = sweep_interval_s
+        self._on_committed = on_committed
+        self._client_id = client_id
+        longest = max((tool.timeout_s for tool in stages.registry), default=0.0)
+        if longest * 1000 >= session_timeout_ms:
+            # A paused owner's in-flight handler must be past its deadline before another
+            # owner can take the partition over (one session timeout) and run the call again.
+            raise ValueError(
+                f"session_timeout_ms={session_timeout_ms} must exceed the longest tool timeout "
+                f"({longest:g} s)"
+            )
+        self.owned: dict[int, _Owned] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.assigned = asyncio.Event()
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.topics.executor_group,
+            client_id=self._client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=max(100, self._session_timeout_ms // 5),
+            max_poll_interval_ms=max(60_000, self._session_timeout_ms * 3),
+        )
+        await self._consumer.start()
+        self._consumer.subscribe([self.topics.intents], listener=_Listener(self))
+        self._loop_task = asyncio.create_task(self._run())
+
+    async def stop(self, *, drain_s: float = 10.0) -> None:
+        """Graceful: stop reading, let running calls finish (bounded), release partitions."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await self._release(list(self.owned), drain_s=drain_s)
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def crash(self) -> None:
+        """Abandon everything at once, as a killed process would (tests use it)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for owned in self.owned.values():
+            await owned.worker.stop()
+        for owned in self.owned.values():
+            with contextlib.suppress(Exception):
+                await owned.producer.stop()
+        self.owned.clear()
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+
+    async def drain(self) -> None:
+        for owned in list(self.owned.values()):
+            await owned.worker.drain()
+
+    # -- assignment ---------------------------------------------------------------------------
+
+    async def _acquire(self, partitions: Sequence[int]) -> None:
+        assert self._consumer is not None
+        async with self._lock:
+            for p in partitions:
+                if p in self.owned:
+                    continue
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap,
+                    client_id=f"{self._client_id}-p{p}",
+                    transactional_id=f"{self.topics.executor_group}-{p}",
+                    enable_idempotence=True,
+                    acks="all",
+                    linger_ms=2,
+                )
+                await producer.start()  # init_transactions: fences the previous owner
+                try:
+                    states = await restore_states(self.bootstrap, self.topics, p)
+                    tp = TopicPartition(self.topics.intents, p)
+                    position = await self._consumer.committed(tp) or 0
+                    worker = PartitionWorker(
+                        p,
+                        position,
+                        KafkaStore(producer, self.topics, p, states),
+                        self._stages,
+                        epoch=int(time.time() * 1000),
+                        concurrency=self._concurrency,
+                        on_committed=self._on_committed,
+                        sweep_interval_s=self._sweep_interval_s,
+                    )
+                    await worker.start()  # PENDING -> UNKNOWN, committed before any intent
+                except BaseException:
+                    await producer.stop()
+                    raise
+                self._consumer.seek(tp, position)
+                self.owned[p] = _Owned(producer, worker)
+                log.info(
+                    "partition acquired",
+                    extra={"partition": p, "position": position, "keys": len(states)},
+                )
+        self.assigned.set()
+
+    async def _release(self, partitions: Sequence[int], *, drain_s: float = 10.0) -> None:
+        async with self._lock:
+            for p in partitions:
+                owned = self.owned.pop(p, None)
+                if owned is None:
+                    continue
+                with contextlib.suppress(Exception, TimeoutError):
+                    await asyncio.wait_for(owned.worker.drain(), drain_s)
+                await owned.worker.stop()
+                with contextlib.suppress(Exception):
+                    await owned.producer.stop()
+                log.info("partition released", extra={"partition": p})
+
+    async def _reacquire_failed(self) -> None:
+        failed = [p for p, owned in self.owned.items() if owned.worker.failed is not None]
+        if not failed:
+            return
+        log.warning("re-acquiring partitions after a failed commit", extra={"partitions": failed})
+        await self._release(failed, drain_s=0)
+        await asyncio.sleep(0.5)
+        assert self._consumer is not None
+        still_ours = [
+            p
+            for p in failed
+            if TopicPartition(self.topics.intents, p) in self._consumer.assignment()
+        ]
+        await self._acquire(still_ours)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                await self._reacquire_failed()
+                batches = await self._consumer.getmany(timeout_ms=100, max_records=500)
+                for tp, records in batches.items():
+                    owned = self.owned.get(tp.partition)
+                    if owned is None or owned.worker.failed is not None:
+                        continue  # not ours any more, or being re-acquired (it seeks back)
+                    for record in records:
+                        await owned.worker.feed(record.offset, record.value or b"")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("executor loop error; continuing")
+                await asyncio.sleep(0.5)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, executor: KafkaExecutor) -> None:
+        self._executor = executor
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._executor._release([tp.partition for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._executor._acquire([tp.partition for tp in assigned])

@@ -1,0 +1,97 @@
+"""The Kafka transport of :class:`~producers.client.LedgerClient`.
+
+Intents go out through an idempotent producer (``acks=all``), keyed and partitioned exactly as
+the embedded log does. Outcomes come back through one ``read_committed`` listener per process
+(not one per call) that looks at the ``intent_id`` header and decodes only what a caller here
+is waiting for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from producers.outcomes import OutcomeHub
+from schemas.codec import CodecError, decode, encode
+from schemas.events import ToolCallRequested
+from schemas.topics import INTENT_ID_HEADER, Topics, partition_key
+
+log = logging.getLogger("toolledger.producer")
+
+
+class TopicLayoutError(RuntimeError):
+    pass
+
+
+class KafkaTransport:
+    def __init__(self, bootstrap: str, topics: Topics, *, linger_ms: int = 2) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.outcomes = OutcomeHub()
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=linger_ms
+        )
+        self._listener = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._producer.start()
+        await self._listener.start()
+        for topic in (self.topics.intents, self.topics.outcomes):
+            found = await self._producer.partitions_for(topic)
+            if len(found) != self.topics.partitions:
+                raise TopicLayoutError(
+                    f"{topic} has {len(found)} partitions, expected {self.topics.partitions}: "
+                    "intents and outcomes must be co-partitioned"
+                )
+        partitions = [
+            TopicPartition(self.topics.outcomes, p) for p in range(self.topics.partitions)
+        ]
+        self._listener.assign(partitions)
+        await self._listener.seek_to_end(*partitions)
+        for tp in partitions:  # resolve the positions now: no outcome after start is missed
+            await self._listener.position(tp)
+        self._task = asyncio.create_task(self._listen())
+
+    async def send(self, intent: ToolCallRequested) -> None:
+        delivered = await self._producer.send(
+            self.topics.intents,
+            encode(intent),
+            key=partition_key(intent),
+            partition=self.topics.partition_of(intent),
+        )
+        await delivered
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._producer.stop()
+        await self._listener.stop()
+
+    async def _listen(self) -> None:
+        while True:
+            batches = await self._listener.getmany(timeout_ms=200, max_records=1000)
+            for records in batches.values():
+                for record in records:
+                    intent_id = dict(record.headers or ()).get(INTENT_ID_HEADER, b"").decode()
+                    if not self.outcomes.is_waiting(intent_id):
+                        continue
+                    try:
+                        event = decode(record.value or b"")
+                    except CodecError as exc:
+                        log.error(
+                            "undecodable outcome",
+                            extra={"offset": record.offset, "error": str(exc)},
+                        )
+                        continue
+                    self.outcomes.publish([event])

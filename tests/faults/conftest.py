@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.client import LedgerClient
+from producers.kafka import KafkaTransport
+from tests.faults.procs import Cluster
+from tests.services import Services
+from toolledger.kafka_admin import ensure_topics
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    return Services.from_env()
+
+
+@pytest.fixture
+def cluster(services: Services, tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(services, tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[LedgerClient]:
+    await ensure_topics(cluster.services.kafka, cluster.topics)
+    transport = KafkaTransport(cluster.services.kafka, cluster.topics)
+    await transport.start()
+    try:
+        yield LedgerClient(transport, default_wait_s=30)
+    finally:
+        await transport.stop()

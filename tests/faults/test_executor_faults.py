@@ -1,0 +1,108 @@
+"""Crash and fault tests of the executor on the real broker (DESIGN section 5, issue 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections import Counter
+
+import pytest
+
+from producers.client import CallResult, LedgerClient
+from schemas.events import ToolCallStarted, ToolCallSucceeded
+from schemas.status import CallStatus
+from tests.faults.procs import AGENT, Cluster, read_outcomes, settle
+
+pytestmark = pytest.mark.services
+
+
+def _workload(rng: random.Random, calls: int, duplicate_share: float) -> list[tuple[str, dict[str, object]]]:
+    distinct = round(calls * (1 - duplicate_share))
+    keys = [f"key-{i:05d}" for i in range(distinct)]
+    arguments = {k: {"payload": k, "fault": "slow", "delay_ms": rng.randint(0, 30)} for k in keys}
+    work = keys + [rng.choice(keys) for _ in range(calls - distinct)]
+    rng.shuffle(work)
+    return [(key, arguments[key]) for key in work]
+
+
+async def _run(client: LedgerClient, work: list[tuple[str, dict[str, object]]],
+               in_flight: int = 64) -> list[tuple[str, dict[str, object], CallResult]]:
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(key: str, arguments: dict[str, object]) -> tuple[str, dict[str, object], CallResult]:
+        async with gate:
+            result = await client.call("flaky_write", arguments, idempotency_key=key,
+                                       context=AGENT, wait=40)
+            return key, arguments, result
+
+    return await asyncio.gather(*(one(k, a) for k, a in work))
+
+
+async def _assert_exactly_once(cluster: Cluster, client: LedgerClient,
+                               results: list[tuple[str, dict[str, object], CallResult]]) -> Counter[str]:
+    """Every key ends SUCCEEDED (after same-key retries) with exactly one downstream effect."""
+    final: dict[str, CallResult] = {}
+    statuses: Counter[str] = Counter()
+    for key, arguments, result in results:
+        statuses[str(result.status)] += 1
+        if key not in final or not final[key].ok:
+            final[key] = await settle(client, "flaky_write", key, arguments, result)
+    store = cluster.store()
+    try:
+        effects = store.effect_counts()
+        doubled = {k: n for k, n in effects.items() if n > 1}
+        assert doubled == {}, f"double side effects: {doubled}"
+        not_done = {k: r.status for k, r in final.items() if r.status is not CallStatus.SUCCEEDED}
+        assert not_done == {}, f"keys not SUCCEEDED after retries: {not_done}"
+        for key in final:
+            assert effects.get(("acme", "flaky_write", key)) == 1, key
+    finally:
+        store.close()
+    events = await read_outcomes(cluster.services.kafka, cluster.topics)
+    succeeded = Counter(e.call_key for e in events if isinstance(e, ToolCallSucceeded))
+    assert max(succeeded.values()) == 1, "a key has two ToolCallSucceeded events"
+    assert sum(isinstance(e, ToolCallStarted) for e in events) >= len(final)
+    return statuses
+
+
+async def test_sigkill_executor_during_load_never_doubles_an_effect(
+    cluster: Cluster, client: LedgerClient
+) -> None:
+    rng = random.Random(20261129)
+    work = _workload(rng, calls=2000, duplicate_share=0.3)
+    executor = cluster.spawn()
+    await executor.ready()
+    load = asyncio.create_task(_run(client, work))
+    kills = 0
+    while not load.done() and kills < 3:
+        await asyncio.sleep(rng.uniform(0.8, 2.5))
+        if load.done():
+            break
+        executor.kill()  # SIGKILL: no shutdown, no flush, transactions left open
+        kills += 1
+        executor = cluster.spawn()
+        await executor.ready()
+    results = await load
+    assert kills >= 1, "the load finished before the first kill; make it longer"
+    statuses = await _assert_exactly_once(cluster, client, results)
+    print(f"killed {kills} times; first answers: {dict(statuses)}")
+
+
+async def test_paused_executor_is_fenced_and_no_effect_happens_twice(
+    cluster: Cluster, client: LedgerClient
+) -> None:
+    first = cluster.spawn()
+    await first.ready()
+    work = [(f"zombie-{i:03d}", {"payload": f"z{i}", "fault": "slow", "delay_ms": 1500})
+            for i in range(40)]
+    load = asyncio.create_task(_run(client, work))
+    await asyncio.sleep(0.7)  # calls are Started and sleeping in the first executor's handlers
+    first.signal(signal.SIGSTOP)
+    second = cluster.spawn()
+    await second.ready(timeout_s=90)  # gets the partitions once the first's session expired
+    results = await load
+    first.signal(signal.SIGCONT)  # the zombie wakes up with handlers past their deadline
+    await asyncio.sleep(3.0)
+    await _assert_exactly_once(cluster, client, results)
+    assert second.process.poll() is None

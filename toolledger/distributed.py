@@ -1,0 +1,55 @@
+"""Wiring of the distributed backend: executor and transport on Kafka, projections in Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from processors.pipeline import Stages
+from processors.runtime.kafka import KafkaExecutor
+from processors.tools.redaction import Redactor
+from processors.tools.registry import ToolRegistry
+from schemas.topics import Topics
+from toolledger.kafka_admin import ensure_topics
+
+log = logging.getLogger("toolledger")
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_executor(
+    bootstrap: str,
+    topics: Topics,
+    registry: ToolRegistry,
+    secret: bytes,
+    *,
+    concurrency: int,
+    session_timeout_ms: int,
+    ready_file: str | None,
+) -> None:
+    await ensure_topics(bootstrap, topics)
+    executor = KafkaExecutor(
+        bootstrap,
+        topics,
+        Stages(registry, Redactor(secret)),
+        concurrency=concurrency,
+        session_timeout_ms=session_timeout_ms,
+    )
+    await executor.start()
+    log.info("executor started", extra={"group": topics.executor_group, "tools": len(registry)})
+    if ready_file:
+        await executor.assigned.wait()
+        await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
+    try:
+        await wait_for_signal()
+    finally:
+        await executor.stop()
+        log.info("executor stopped")
