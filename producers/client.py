@@ -49,6 +49,10 @@ class TrustedContext:
     trace_id: str | None = None
 
 
+class TransportError(Exception):
+    """A transport could not append an intent (it may still have reached the log)."""
+
+
 class Transport(Protocol):
     """How intents reach the log and outcomes come back (embedded or Kafka)."""
 
@@ -181,6 +185,14 @@ class LedgerClient:
             await self._transport.send(intent)
             timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
             event = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TransportError as exc:
+            # The intent may or may not have reached the log: the same key makes a retry safe.
+            return CallResult(
+                status=CallStatus.PENDING,
+                call_id=call_id,
+                intent_id=intent_id,
+                error=ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}"),
+            )
         except TimeoutError:
             return CallResult(
                 status=CallStatus.PENDING,

@@ -13,7 +13,9 @@ import contextlib
 import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
+from producers.client import TransportError
 from producers.outcomes import OutcomeHub
 from schemas.codec import CodecError, decode, encode
 from schemas.events import ToolCallRequested
@@ -62,13 +64,16 @@ class KafkaTransport:
         self._task = asyncio.create_task(self._listen())
 
     async def send(self, intent: ToolCallRequested) -> None:
-        delivered = await self._producer.send(
-            self.topics.intents,
-            encode(intent),
-            key=partition_key(intent),
-            partition=self.topics.partition_of(intent),
-        )
-        await delivered
+        try:
+            delivered = await self._producer.send(
+                self.topics.intents,
+                encode(intent),
+                key=partition_key(intent),
+                partition=self.topics.partition_of(intent),
+            )
+            await delivered
+        except KafkaError as exc:
+            raise TransportError(f"appending the intent failed: {type(exc).__name__}") from exc
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -162,6 +162,7 @@ class KafkaExecutor:
                 f"({longest:g} s)"
             )
         self.owned: dict[int, _Owned] = {}
+        self._unowned: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -214,49 +215,63 @@ class KafkaExecutor:
     # -- assignment ---------------------------------------------------------------------------
 
     async def _acquire(self, partitions: Sequence[int]) -> None:
-        assert self._consumer is not None
+        """Take partitions over; one that cannot be taken now is retried by the loop."""
         async with self._lock:
             for p in partitions:
                 if p in self.owned:
                     continue
-                producer = AIOKafkaProducer(
-                    bootstrap_servers=self.bootstrap,
-                    client_id=f"{self._client_id}-p{p}",
-                    transactional_id=f"{self.topics.executor_group}-{p}",
-                    enable_idempotence=True,
-                    acks="all",
-                    linger_ms=2,
-                )
-                await producer.start()  # init_transactions: fences the previous owner
                 try:
-                    states = await restore_states(self.bootstrap, self.topics, p)
-                    tp = TopicPartition(self.topics.intents, p)
-                    position = await self._consumer.committed(tp) or 0
-                    worker = PartitionWorker(
-                        p,
-                        position,
-                        KafkaStore(producer, self.topics, p, states),
-                        self._stages,
-                        epoch=int(time.time() * 1000),
-                        concurrency=self._concurrency,
-                        on_committed=self._on_committed,
-                        sweep_interval_s=self._sweep_interval_s,
+                    self.owned[p] = await self._take_over(p)
+                    self._unowned.discard(p)
+                except Exception as exc:
+                    self._unowned.add(p)
+                    log.warning(
+                        "could not take a partition over; will retry",
+                        extra={"partition": p, "error": type(exc).__name__},
                     )
-                    await worker.start()  # PENDING -> UNKNOWN, committed before any intent
-                except BaseException:
-                    await producer.stop()
-                    raise
-                self._consumer.seek(tp, position)
-                self.owned[p] = _Owned(producer, worker)
-                log.info(
-                    "partition acquired",
-                    extra={"partition": p, "position": position, "keys": len(states)},
-                )
-        self.assigned.set()
+        if self.owned:
+            self.assigned.set()
+
+    async def _take_over(self, p: int) -> _Owned:
+        assert self._consumer is not None
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self._client_id}-p{p}",
+            transactional_id=f"{self.topics.executor_group}-{p}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+        )
+        await producer.start()  # init_transactions: fences the previous owner
+        try:
+            states = await restore_states(self.bootstrap, self.topics, p)
+            tp = TopicPartition(self.topics.intents, p)
+            position = await self._consumer.committed(tp) or 0
+            worker = PartitionWorker(
+                p,
+                position,
+                KafkaStore(producer, self.topics, p, states),
+                self._stages,
+                epoch=int(time.time() * 1000),
+                concurrency=self._concurrency,
+                on_committed=self._on_committed,
+                sweep_interval_s=self._sweep_interval_s,
+            )
+            await worker.start()  # PENDING -> UNKNOWN, committed before any intent is read
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        self._consumer.seek(tp, position)
+        log.info(
+            "partition acquired", extra={"partition": p, "position": position, "keys": len(states)}
+        )
+        return _Owned(producer, worker)
 
     async def _release(self, partitions: Sequence[int], *, drain_s: float = 10.0) -> None:
         async with self._lock:
             for p in partitions:
+                self._unowned.discard(p)
                 owned = self.owned.pop(p, None)
                 if owned is None:
                     continue
@@ -267,20 +282,25 @@ class KafkaExecutor:
                     await owned.producer.stop()
                 log.info("partition released", extra={"partition": p})
 
-    async def _reacquire_failed(self) -> None:
+    async def _reacquire(self) -> None:
+        """Partitions whose commit failed (broker trouble, fencing) or that could not be taken
+        over are taken over again while the group still assigns them to us."""
         failed = [p for p, owned in self.owned.items() if owned.worker.failed is not None]
-        if not failed:
+        if failed:
+            log.warning(
+                "re-acquiring partitions after a failed commit", extra={"partitions": failed}
+            )
+            await self._release(failed, drain_s=0)
+            self._unowned.update(failed)
+        if not self._unowned:
             return
-        log.warning("re-acquiring partitions after a failed commit", extra={"partitions": failed})
-        await self._release(failed, drain_s=0)
-        await asyncio.sleep(0.5)
         assert self._consumer is not None
-        still_ours = [
-            p
-            for p in failed
-            if TopicPartition(self.topics.intents, p) in self._consumer.assignment()
-        ]
-        await self._acquire(still_ours)
+        assigned = {
+            tp.partition for tp in self._consumer.assignment() if tp.topic == self.topics.intents
+        }
+        self._unowned &= assigned
+        await asyncio.sleep(0.5)
+        await self._acquire(sorted(self._unowned))
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -288,7 +308,7 @@ class KafkaExecutor:
         assert self._consumer is not None
         while True:
             try:
-                await self._reacquire_failed()
+                await self._reacquire()
                 batches = await self._consumer.getmany(timeout_ms=100, max_records=500)
                 for tp, records in batches.items():
                     owned = self.owned.get(tp.partition)

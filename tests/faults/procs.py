@@ -88,15 +88,33 @@ class Cluster:
         log_path = self.workdir / f"executor-{n}.log"
         env = dict(os.environ, TOOLLEDGER_REDACTION_SECRET="00" * 32)
         command = [
-            sys.executable, "-m", "toolledger.cli", "--log-level", "INFO", "executor",
-            "--kafka", self.services.kafka, "--prefix", self.topics.prefix,
-            "--partitions", str(self.topics.partitions), "--helpdesk-db", str(self.helpdesk_db),
-            "--timeout-s", str(self.timeout_s), "--flaky-timeout-s", str(self.flaky_timeout_s),
-            "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--ready-file", str(ready),
+            sys.executable,
+            "-m",
+            "toolledger.cli",
+            "--log-level",
+            "INFO",
+            "executor",
+            "--kafka",
+            self.services.kafka,
+            "--prefix",
+            self.topics.prefix,
+            "--partitions",
+            str(self.topics.partitions),
+            "--helpdesk-db",
+            str(self.helpdesk_db),
+            "--timeout-s",
+            str(self.timeout_s),
+            "--flaky-timeout-s",
+            str(self.flaky_timeout_s),
+            "--session-timeout-ms",
+            str(SESSION_TIMEOUT_MS),
+            "--ready-file",
+            str(ready),
         ]
         with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+            )
         executor = ExecutorProcess(process, log_path, ready)
         self.processes.append(executor)
         return executor
@@ -106,8 +124,15 @@ class Cluster:
             executor.terminate()
 
 
-async def settle(client: LedgerClient, tool: str, key: str, arguments: dict[str, object],
-                 result: CallResult, *, rounds: int = 10) -> CallResult:
+async def settle(
+    client: LedgerClient,
+    tool: str,
+    key: str,
+    arguments: dict[str, object],
+    result: CallResult,
+    *,
+    rounds: int = 10,
+) -> CallResult:
     """Retry with the same key until the outcome is final: how a real agent resolves UNKNOWN."""
     for _ in range(rounds):
         if result.status in (CallStatus.SUCCEEDED, CallStatus.FAILED_FINAL):
@@ -130,8 +155,12 @@ def dump(path: Path, data: object) -> None:
 
 async def read_outcomes(bootstrap: str, topics: Topics) -> list[Event]:
     """Every committed outcome event, partition by partition, up to the last stable offset."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()
     try:
         partitions = [TopicPartition(topics.outcomes, p) for p in range(topics.partitions)]

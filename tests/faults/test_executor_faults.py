@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 from collections import Counter
@@ -12,12 +13,14 @@ import pytest
 from producers.client import CallResult, LedgerClient
 from schemas.events import ToolCallStarted, ToolCallSucceeded
 from schemas.status import CallStatus
-from tests.faults.procs import AGENT, Cluster, read_outcomes, settle
+from tests.faults.procs import AGENT, ROOT, Cluster, read_outcomes, settle
 
 pytestmark = pytest.mark.services
 
 
-def _workload(rng: random.Random, calls: int, duplicate_share: float) -> list[tuple[str, dict[str, object]]]:
+def _workload(
+    rng: random.Random, calls: int, duplicate_share: float
+) -> list[tuple[str, dict[str, object]]]:
     distinct = round(calls * (1 - duplicate_share))
     keys = [f"key-{i:05d}" for i in range(distinct)]
     arguments = {k: {"payload": k, "fault": "slow", "delay_ms": rng.randint(0, 30)} for k in keys}
@@ -26,21 +29,26 @@ def _workload(rng: random.Random, calls: int, duplicate_share: float) -> list[tu
     return [(key, arguments[key]) for key in work]
 
 
-async def _run(client: LedgerClient, work: list[tuple[str, dict[str, object]]],
-               in_flight: int = 64) -> list[tuple[str, dict[str, object], CallResult]]:
+async def _run(
+    client: LedgerClient, work: list[tuple[str, dict[str, object]]], in_flight: int = 64
+) -> list[tuple[str, dict[str, object], CallResult]]:
     gate = asyncio.Semaphore(in_flight)
 
-    async def one(key: str, arguments: dict[str, object]) -> tuple[str, dict[str, object], CallResult]:
+    async def one(
+        key: str, arguments: dict[str, object]
+    ) -> tuple[str, dict[str, object], CallResult]:
         async with gate:
-            result = await client.call("flaky_write", arguments, idempotency_key=key,
-                                       context=AGENT, wait=40)
+            result = await client.call(
+                "flaky_write", arguments, idempotency_key=key, context=AGENT, wait=40
+            )
             return key, arguments, result
 
     return await asyncio.gather(*(one(k, a) for k, a in work))
 
 
-async def _assert_exactly_once(cluster: Cluster, client: LedgerClient,
-                               results: list[tuple[str, dict[str, object], CallResult]]) -> Counter[str]:
+async def _assert_exactly_once(
+    cluster: Cluster, client: LedgerClient, results: list[tuple[str, dict[str, object], CallResult]]
+) -> Counter[str]:
     """Every key ends SUCCEEDED (after same-key retries) with exactly one downstream effect."""
     final: dict[str, CallResult] = {}
     statuses: Counter[str] = Counter()
@@ -94,8 +102,10 @@ async def test_paused_executor_is_fenced_and_no_effect_happens_twice(
 ) -> None:
     first = cluster.spawn()
     await first.ready()
-    work = [(f"zombie-{i:03d}", {"payload": f"z{i}", "fault": "slow", "delay_ms": 1500})
-            for i in range(40)]
+    work = [
+        (f"zombie-{i:03d}", {"payload": f"z{i}", "fault": "slow", "delay_ms": 1500})
+        for i in range(40)
+    ]
     load = asyncio.create_task(_run(client, work))
     await asyncio.sleep(0.7)  # calls are Started and sleeping in the first executor's handlers
     first.signal(signal.SIGSTOP)
@@ -106,3 +116,34 @@ async def test_paused_executor_is_fenced_and_no_effect_happens_twice(
     await asyncio.sleep(3.0)
     await _assert_exactly_once(cluster, client, results)
     assert second.process.poll() is None
+
+
+async def _restart_broker(bootstrap: str, down_s: float) -> None:
+    port = bootstrap.rpartition(":")[2]
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        str(ROOT / "services" / "kafka" / "restart.sh"),
+        str(down_s),
+        env={**os.environ, "TOOLLEDGER_KAFKA_PORT": port},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    assert process.returncode == 0, output.decode(errors="replace")
+
+
+async def test_broker_restart_mid_load_loses_nothing_and_doubles_nothing(
+    cluster: Cluster, client: LedgerClient
+) -> None:
+    rng = random.Random(7)
+    work = _workload(rng, calls=800, duplicate_share=0.3)
+    executor = cluster.spawn()
+    await executor.ready()
+    load = asyncio.create_task(_run(client, work, in_flight=32))
+    await asyncio.sleep(1.0)
+    assert not load.done(), "the load finished before the restart; make it longer"
+    await _restart_broker(cluster.services.kafka, down_s=2)
+    results = await load
+    statuses = await _assert_exactly_once(cluster, client, results)
+    assert executor.process.poll() is None, "the executor must survive a broker restart"
+    print(f"first answers around a broker restart: {dict(statuses)}")
