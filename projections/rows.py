@@ -7,11 +7,12 @@ executor uses). ``tool_call_events`` is the append-only audit trail, deduplicate
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from processors.ledger import CallState
+from processors.ledger import CallState, fold
 from schemas.events import Event
 from schemas.keys import CallKey
 
@@ -115,3 +116,23 @@ def event_row(event: Event, position: Position) -> dict[str, Any]:
         "occurred_at": env.occurred_at,
         "payload_json": payload_json(event),
     }
+
+
+def fold_new_events(
+    stored: Mapping[str, CallState], new_events: Iterable[Event]
+) -> dict[str, CallState]:
+    """The call states that ``new_events`` (in log order, not applied before) change.
+
+    ``stored``: the current state of (at least) every call key the events touch. Every
+    projection adapter folds with this, so the tables are the same fold on every database.
+    """
+    by_key: dict[str, list[Event]] = {}
+    for event in new_events:
+        by_key.setdefault(event.call_key, []).append(event)
+    changed: dict[str, CallState] = {}
+    for key, events in by_key.items():
+        before = stored.get(key)
+        after = fold(events, before)
+        if after is not None and after is not before:
+            changed[key] = after
+    return changed

@@ -6,8 +6,15 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from processors.ledger import CallState, evolve
-from projections.rows import CALL_COLUMNS, EVENT_COLUMNS, Position, call_row, event_row
+from processors.ledger import CallState
+from projections.rows import (
+    CALL_COLUMNS,
+    EVENT_COLUMNS,
+    Position,
+    call_row,
+    event_row,
+    fold_new_events,
+)
 from schemas.events import Event
 
 DDL = """
@@ -92,20 +99,17 @@ def apply(
         conn.executemany(_INSERT_EVENT, [_sqlite(event_row(e, p)) for e, p in events])
         conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in states.items()])
         return
-    folded: dict[str, CallState | None] = {}
-    changed: dict[str, CallState] = {}
-    for event, position in events:
-        if conn.execute(_INSERT_EVENT, _sqlite(event_row(event, position))).rowcount == 0:
-            continue  # already applied: redelivery
-        key = event.call_key
-        if key not in folded:
-            row = conn.execute(
-                "SELECT state_json FROM tool_calls WHERE call_key = ?", (key,)
-            ).fetchone()
-            folded[key] = CallState.model_validate_json(row[0]) if row else None
-        after = evolve(folded[key], event)
-        if after is not None and after is not folded[key]:
-            folded[key] = changed[key] = after
+    new = [e for e, p in events if conn.execute(_INSERT_EVENT, _sqlite(event_row(e, p))).rowcount]
+    keys = sorted({e.call_key for e in new})
+    stored: dict[str, CallState] = {}
+    for start in range(0, len(keys), 500):  # SQLite's parameter limit
+        chunk = keys[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for key, state_json in conn.execute(
+            f"SELECT call_key, state_json FROM tool_calls WHERE call_key IN ({marks})", chunk
+        ):
+            stored[key] = CallState.model_validate_json(state_json)
+    changed = fold_new_events(stored, new)
     conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
 
 

@@ -54,13 +54,13 @@ async def ensure_topics(
         for _ in range(100):  # wait until every partition has a leader
             described = await admin.describe_topics([t.name for t in wanted])
             counts = {t["topic"]: len(t["partitions"]) for t in described}
-            wrong = {name: n for name, n in counts.items() if n != topics.partitions}
+            wrong = {n: c for n, c in counts.items() if c not in (0, topics.partitions)}
             if wrong:
                 raise RuntimeError(
                     f"topics {wrong} do not have {topics.partitions} partitions: intents, "
                     "outcomes, state and dead letters must be co-partitioned"
                 )
-            if all(
+            if all(counts.values()) and all(
                 p["leader"] >= 0 and not p["error_code"] for t in described for p in t["partitions"]
             ):
                 return

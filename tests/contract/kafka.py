@@ -1,0 +1,126 @@
+"""The contract suite's distributed binding: a real Kafka broker and a real PostgreSQL.
+
+Each test gets its own topics (unique prefix) and its own database (a copy of a migrated
+template), so tests do not see each other. The executor runs in this process; the crash and
+fault tests in ``tests/faults`` run it as a separate process and kill it for real.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from processors.pipeline import Stages
+from processors.runtime.kafka import KafkaExecutor
+from processors.tools.redaction import Redactor
+from producers.client import LedgerClient
+from producers.kafka import KafkaTransport
+from projections.postgres import PostgresProjection
+from projections.projector import KafkaProjector, rebuild
+from schemas.topics import Topics
+from tests.contract.harness import Harness, eventually
+from tests.services import Services
+from toolledger.kafka_admin import ensure_topics
+
+SECRET = b"contract-suite-redaction-key-0123456789"
+
+
+class KafkaHarness(Harness):
+    name = "kafka"
+
+    def __init__(self, workdir: Path, services: Services) -> None:
+        super().__init__(workdir)
+        self.services = services
+        self.topics = Topics(prefix=f"c{uuid.uuid4().hex[:10]}.", partitions=4)
+        self.executor: KafkaExecutor | None = None
+        self.transport: KafkaTransport | None = None
+        self.projection: PostgresProjection | None = None
+        self.projector: KafkaProjector | None = None
+        self._client: LedgerClient | None = None
+
+    @property
+    def client(self) -> LedgerClient:
+        assert self._client is not None
+        return self._client
+
+    async def start(self) -> None:
+        bootstrap = self.services.kafka
+        if self.transport is None:
+            await ensure_topics(bootstrap, self.topics)
+            self.transport = KafkaTransport(bootstrap, self.topics)
+            await self.transport.start()
+            self._client = LedgerClient(self.transport)
+            self.projection = PostgresProjection(await self.services.fresh_database())
+            await self.projection.open()
+            self.projector = KafkaProjector(bootstrap, self.topics, self.projection)
+            await self.projector.start()
+        self.executor = KafkaExecutor(
+            bootstrap,
+            self.topics,
+            Stages(self.registry, Redactor(SECRET)),
+            session_timeout_ms=6000,
+            sweep_interval_s=0.1,
+        )
+        await self.executor.start()
+        await self.executor.assigned.wait()
+
+    async def stop(self) -> None:
+        if self.executor is not None:
+            await self.executor.drain()
+            await self.executor.stop()
+            self.executor = None
+
+    async def crash(self) -> None:
+        if self.executor is not None:
+            await self.executor.crash()
+            self.executor = None
+
+    async def close(self) -> None:
+        await self.crash()
+        if self.projector is not None:
+            await self.projector.stop()
+        if self.transport is not None:
+            await self.transport.stop()
+        if self.projection is not None:
+            await self.projection.close()
+
+    async def _settle(self) -> None:
+        if self.executor is not None:
+            await self.executor.drain()
+        assert self.projector is not None
+        projector = self.projector
+        await eventually(projector.caught_up, timeout_s=30)
+
+    async def call_rows(self) -> list[dict[str, Any]]:
+        await self._settle()
+        assert self.projection is not None
+        return await self.projection.call_rows()
+
+    async def event_rows(self) -> list[dict[str, Any]]:
+        await self._settle()
+        assert self.projection is not None
+        return await self.projection.event_rows()
+
+    async def rebuild(self) -> None:
+        await self._settle()
+        assert self.projector is not None and self.projection is not None
+        await self.projector.stop()
+        await rebuild(self.services.kafka, self.topics, self.projection)
+        self.projector = KafkaProjector(self.services.kafka, self.topics, self.projection)
+        await self.projector.start()
+
+    async def send_raw(self, value: bytes) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.services.kafka, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(self.topics.intents, value, key=b"garbage", partition=0)
+        finally:
+            await producer.stop()
+
+    async def dead_letter_reasons(self) -> list[str]:
+        await self._settle()
+        assert self.projection is not None
+        return await self.projection.dead_letter_reasons()
