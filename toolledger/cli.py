@@ -12,7 +12,13 @@ from rich.console import Console
 
 from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
 from toolledger import logs
-from toolledger.config import DEFAULT_KAFKA, ConfigError, load_tools, redaction_secret
+from toolledger.config import (
+    DEFAULT_KAFKA,
+    DEFAULT_POSTGRES,
+    ConfigError,
+    load_tools,
+    redaction_secret,
+)
 
 app = typer.Typer(
     help="toolledger: an execution ledger for AI agents' tool calls.",
@@ -44,27 +50,6 @@ def demo(data: DataOption = None) -> None:
         checks = asyncio.run(run_demo(workdir, console))
     print_result(console, checks)
     raise typer.Exit(1 if checks.failures else 0)
-
-
-@app.command()
-def replay(
-    data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")],
-) -> None:
-    """Drop the projections and rebuild them from the outcome log."""
-    try:
-        log = SqliteLog(data / "ledger.db")
-    except LedgerFileError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
-    try:
-        with console.status("rebuilding projections from the log"):
-            count = log.rebuild_projections()
-    except LedgerFileError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
-    finally:
-        log.close()
-    console.print(f"rebuilt projections from {count} events")
 
 
 KafkaOption = Annotated[str, typer.Option("--kafka", help="Kafka bootstrap servers.")]
@@ -113,6 +98,78 @@ def executor(
             ready_file=ready_file,
         )
     )
+
+
+PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
+
+
+@app.command()
+def migrate(postgres: PostgresOption = DEFAULT_POSTGRES) -> None:
+    """Apply the projection migrations to PostgreSQL (safe to run twice)."""
+    from projections.postgres import ProjectionError
+    from projections.postgres import migrate as apply_migrations
+
+    try:
+        applied = asyncio.run(apply_migrations(postgres))
+    except ProjectionError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    console.print(f"applied {applied}" if applied else "nothing to apply: up to date")
+
+
+@app.command()
+def projector(
+    kafka: KafkaOption = DEFAULT_KAFKA,
+    postgres: PostgresOption = DEFAULT_POSTGRES,
+    prefix: PrefixOption = "toolledger.",
+    partitions: PartitionsOption = 4,
+    ready_file: Annotated[str | None, typer.Option(help="Touched once started.")] = None,
+) -> None:
+    """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
+    from schemas.topics import Topics
+    from toolledger.distributed import run_projector
+
+    asyncio.run(run_projector(kafka, postgres, Topics(prefix, partitions), ready_file=ready_file))
+
+
+@app.command()
+def replay(
+    data: Annotated[Path | None, typer.Option("--data", help="Embedded ledger directory.")] = None,
+    kafka: KafkaOption = DEFAULT_KAFKA,
+    postgres: PostgresOption = DEFAULT_POSTGRES,
+    prefix: PrefixOption = "toolledger.",
+    partitions: PartitionsOption = 4,
+) -> None:
+    """Drop the projections and rebuild them from the outcome log.
+
+    With --data: the embedded ledger in that directory. Otherwise: Kafka + PostgreSQL (stop the
+    projectors first).
+    """
+    if data is not None:
+        try:
+            log = SqliteLog(data / "ledger.db")
+        except LedgerFileError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+        try:
+            with console.status("rebuilding projections from the log"):
+                count = log.rebuild_projections()
+        except LedgerFileError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+        finally:
+            log.close()
+    else:
+        from schemas.topics import Topics
+        from toolledger.distributed import ProjectorsRunning, replay_distributed
+
+        try:
+            with console.status("rebuilding the PostgreSQL projections from Kafka"):
+                count = asyncio.run(replay_distributed(kafka, postgres, Topics(prefix, partitions)))
+        except ProjectorsRunning as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+    console.print(f"rebuilt projections from {count} events")
 
 
 if __name__ == "__main__":

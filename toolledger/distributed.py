@@ -53,3 +53,54 @@ async def run_executor(
     finally:
         await executor.stop()
         log.info("executor stopped")
+
+
+async def run_projector(
+    bootstrap: str, postgres: str, topics: Topics, *, ready_file: str | None
+) -> None:
+    from projections.postgres import PostgresProjection, migrate
+    from projections.projector import KafkaProjector
+
+    await ensure_topics(bootstrap, topics)
+    await migrate(postgres)
+    async with PostgresProjection(postgres) as projection:
+        projector = KafkaProjector(bootstrap, topics, projection)
+        await projector.start()
+        log.info("projector started", extra={"group": projector.name})
+        if ready_file:
+            await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
+        try:
+            await wait_for_signal()
+        finally:
+            await projector.stop()
+            log.info("projector stopped")
+
+
+class ProjectorsRunning(RuntimeError):
+    pass
+
+
+async def replay_distributed(bootstrap: str, postgres: str, topics: Topics) -> int:
+    """Rebuild the Postgres projections from the outcome log; projectors must be stopped."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from projections.postgres import PostgresProjection, migrate
+    from projections.projector import rebuild
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([topics.projector_group])
+    finally:
+        await admin.close()
+    for group in described:
+        for _error, _group_id, state, _protocol_type, _protocol, members, *_ in group.groups:
+            if members:
+                raise ProjectorsRunning(
+                    f"{len(members)} projector(s) of {topics.projector_group} are running "
+                    f"(group state {state}): stop them before a replay"
+                )
+    await migrate(postgres)
+    async with PostgresProjection(postgres) as projection:
+        result = await rebuild(bootstrap, topics, projection)
+    return result.events
