@@ -1,0 +1,67 @@
+"""Bad ledger files get a clear error naming the file (and offset), and nothing is overwritten."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from processors.runtime.sqlite_log import OUTCOMES, LedgerFileError, SqliteLog
+
+
+def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_bytes(b"this is a text file, not a database\n" * 100)
+    before = path.read_bytes()
+    with pytest.raises(LedgerFileError, match="not an SQLite database") as info:
+        SqliteLog(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_another_applications_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO customers (name) VALUES ('Ada')")
+    before = path.read_bytes()
+    with pytest.raises(LedgerFileError, match="another application") as info:
+        SqliteLog(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_a_second_process_cannot_open_the_same_ledger(tmp_path: Path) -> None:
+    first = SqliteLog(tmp_path / "ledger.db")
+    try:
+        with pytest.raises(LedgerFileError, match="in use by another toolledger process"):
+            SqliteLog(tmp_path / "ledger.db")
+    finally:
+        first.close()
+    SqliteLog(tmp_path / "ledger.db").close()  # released on close
+
+
+def test_an_undecodable_event_names_the_file_and_offset(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    log = SqliteLog(path, partitions=2)
+    try:
+        log.append(OUTCOMES, [(1, b"k", b"\xc3\x01" + b"\x00" * 8 + b"junk")])
+        with pytest.raises(LedgerFileError) as info:
+            log.rebuild_projections()
+        message = str(info.value)
+        assert str(path) in message and "outcomes[1]" in message and "offset 0" in message
+        # the failed rebuild rolled back: the projections are still there
+        tables = {r[0] for r in log.conn.execute("SELECT name FROM sqlite_master")}
+        assert {"tool_calls", "tool_call_events"} <= tables
+    finally:
+        log.close()
+
+
+def test_partition_count_is_fixed_at_creation(tmp_path: Path) -> None:
+    SqliteLog(tmp_path / "ledger.db", partitions=3).close()
+    reopened = SqliteLog(tmp_path / "ledger.db", partitions=8)
+    try:
+        assert reopened.partitions == 3  # the file's layout wins: keys must keep their partition
+    finally:
+        reopened.close()
