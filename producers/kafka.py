@@ -44,6 +44,10 @@ class KafkaTransport:
         )
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         await self._producer.start()
         await self._listener.start()

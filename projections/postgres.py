@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from processors.ledger import CallState
+from projections import search
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
@@ -40,6 +41,7 @@ from projections.rows import (
     event_row,
     fold_new_events,
 )
+from schemas.calls import CallFilter, CallView, Page
 from schemas.events import Event
 
 __all__ = [
@@ -540,3 +542,35 @@ class PostgresProjection:
         ):
             await cur.execute(query)
             return await cur.fetchall()
+
+
+class PostgresCalls:
+    """The read side (:class:`schemas.calls.CallQueries`) over the PostgreSQL projection."""
+
+    def __init__(self, projection: PostgresProjection) -> None:
+        self._projection = projection
+
+    async def _fetch(self, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        async with (
+            self._projection._transaction("read calls") as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            await cur.execute(query.encode(), params)
+            return await cur.fetchall()
+
+    async def get(self, tenant_id: str, call_id: str) -> CallView | None:
+        rows = await self._fetch(search.get_sql("%s"), (tenant_id, call_id))
+        return CallView.from_row(rows[0]) if rows else None
+
+    async def search(
+        self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
+    ) -> Page:
+        query, params = search.search_sql("%s", tenant_id, where, limit, after)
+        return search.page_of(await self._fetch(query, params), limit)
+
+    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
+        rows = await self._fetch(search.events_sql("%s"), (tenant_id, call_id))
+        return search.events_of([r["payload_json"] for r in rows])
+
+    async def applied(self, event_id: str) -> bool:
+        return bool(await self._fetch(search.applied_sql("%s"), (event_id,)))

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from processors.ledger import CallState
+from projections import search
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
@@ -15,6 +16,7 @@ from projections.rows import (
     event_row,
     fold_new_events,
 )
+from schemas.calls import CallFilter, CallView, Page
 from schemas.events import Event
 
 DDL = """
@@ -121,3 +123,32 @@ def _sqlite(row: dict[str, Any]) -> dict[str, Any]:
         if name in row:
             row[name] = row[name].isoformat()
     return row
+
+
+class SqliteCalls:
+    """The read side (:class:`schemas.calls.CallQueries`) over the embedded projection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        cursor = self._conn.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+
+    async def get(self, tenant_id: str, call_id: str) -> CallView | None:
+        rows = self._rows(search.get_sql("?"), (tenant_id, call_id))
+        return CallView.from_row(rows[0]) if rows else None
+
+    async def search(
+        self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
+    ) -> Page:
+        sql, params = search.search_sql("?", tenant_id, where, limit, after)
+        return search.page_of(self._rows(sql, params), limit)
+
+    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
+        rows = self._conn.execute(search.events_sql("?"), (tenant_id, call_id)).fetchall()
+        return search.events_of([r[0] for r in rows])
+
+    async def applied(self, event_id: str) -> bool:
+        return self._conn.execute(search.applied_sql("?"), (event_id,)).fetchone() is not None

@@ -172,5 +172,51 @@ def replay(
     console.print(f"rebuilt projections from {count} events")
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8080,
+    data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")] = Path(
+        ".toolledger"
+    ),
+    tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
+    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    kafka: Annotated[
+        str | None, typer.Option("--kafka", help="Distributed mode: Kafka bootstrap servers.")
+    ] = None,
+    postgres: Annotated[
+        str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
+    ] = None,
+    prefix: PrefixOption = "toolledger.",
+    partitions: PartitionsOption = 4,
+) -> None:
+    """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
+    from producers.http.auth import TokenFileError, TokenStore
+    from toolledger import serve as wiring
+
+    try:
+        token_store = TokenStore.load(tokens)
+        data.mkdir(parents=True, exist_ok=True)
+        registry = load_tools(tools, data / "helpdesk.db")
+    except (TokenFileError, ConfigError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    if (kafka is None) != (postgres is None):
+        console.print("[red]distributed mode needs both --kafka and --postgres[/]")
+        raise typer.Exit(2)
+
+    async def main() -> None:
+        if kafka is not None and postgres is not None:
+            door = wiring.distributed_door(
+                kafka, postgres, prefix, partitions, registry, token_store
+            )
+        else:
+            door = wiring.embedded_door(data, registry, token_store)
+        async with door as front:
+            await wiring.serve(front, host, port)
+
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
     app()

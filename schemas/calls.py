@@ -1,4 +1,4 @@
-"""Read side for front doors: the Call resource and support-staff search, over a projection."""
+"""The Call resource and support-staff search: the read contract every projection serves."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ class CallView(BaseModel):
     step_id: str | None = None
     created_at: datetime
     updated_at: datetime
-    last_event_id: str
+    last_event_id: str  # internal: not rendered
+    last_intent_id: str  # internal: not rendered
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CallView:
@@ -58,6 +59,7 @@ class CallView(BaseModel):
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             last_event_id=row["last_event_id"],
+            last_intent_id=row["last_intent_id"],
         )
 
 
