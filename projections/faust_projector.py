@@ -157,7 +157,7 @@ class FaustProjector:
         self._batch_within = batch_within
         self._backoff = _Backoff(backoff_initial, backoff_max)
         self._app_options = dict(app_options or {})
-        self._app: Any = None
+        self._app: faust.App | None = None
         self._checker: Any = None  # group-less read_committed consumer for caught_up()
         self._datadir: tempfile.TemporaryDirectory[str] | None = None
         self._failure: Exception | None = None
@@ -200,7 +200,7 @@ class FaustProjector:
         if self._failure is not None:
             await self.stop()  # raises it
 
-    def _new_app(self, datadir: str) -> Any:
+    def _new_app(self, datadir: str) -> faust.App:
         options: dict[str, Any] = {
             "broker": [f"kafka://{server.strip()}" for server in self._bootstrap.split(",")],
             "store": "memory://",
@@ -238,7 +238,8 @@ class FaustProjector:
 
         app.agent(channel, name=f"{self.name}.project", concurrency=1)(project)
         consumer = app.consumer
-        consumer.perform_seek = self._perform_seek  # see the module docstring
+        # the override (see the module docstring); faust calls it, nothing else does
+        consumer.perform_seek = self._perform_seek  # type: ignore[method-assign]
         if not consumer.in_transaction:  # fail loudly rather than read uncommitted records
             raise RuntimeError("faust's consumer would not read read_committed")
         return app
@@ -273,17 +274,20 @@ class FaustProjector:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    def _check_running(self) -> None:
+    def _check_running(self) -> faust.App:
         if self._app is None:
             raise RuntimeError("the projector is not running")
         if self._failure is not None:
             raise RuntimeError("the projector stopped with an error") from self._failure
+        return self._app
 
     # --------------------------------------------------------------------------- seek
 
     async def _perform_seek(self) -> None:
         """Replaces faust's ``Consumer.perform_seek`` (seek to the offsets committed in
         Kafka): seek each assigned partition of the two topics to its stored position."""
+        if self._app is None:
+            return
         consumer = self._app.consumer
         mine = {self.topics.outcomes, self.topics.dead_letters}
         assigned = [tp for tp in consumer.assignment() if tp.topic in mine]
@@ -355,9 +359,9 @@ class FaustProjector:
         reached the last stable offset, or only transaction markers and aborted records lie
         between the two (read with a group-less ``read_committed`` consumer, for at most
         ``settle_s`` seconds; ``False`` if that does not settle it)."""
-        self._check_running()
+        app = self._check_running()
         outcomes = self.topics.outcomes
-        count = self._app.consumer.topic_partitions(outcomes) or self.topics.partitions
+        count = app.consumer.topic_partitions(outcomes) or self.topics.partitions
         partitions = [TopicPartition(outcomes, p) for p in range(count)]
         checker = self._checker
         end: dict[TopicPartition, int] = await checker.end_offsets(partitions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from functools import partial
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,7 +120,7 @@ class Helpdesk:
         )
         return resource_id
 
-    def _reconciler(self, result: type[BaseModel], field: str) -> ReconcileHook:
+    def reconciler(self, result: type[BaseModel], field: str) -> ReconcileHook:
         async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
             found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
             if found is None:
@@ -182,10 +183,6 @@ class Helpdesk:
         return HandlerResult(Written(write_id=write_id), downstream_request_id=write_id)
 
 
-def _describe(summary: str, use: str, avoid: str, pre: str, replay: str) -> ToolDescription:
-    return ToolDescription(summary, use, avoid, pre, replay)
-
-
 _REPLAY = (
     "Calling again with the same idempotency key and arguments returns the stored "
     "outcome without running it again; the same key with other arguments is refused."
@@ -200,28 +197,23 @@ def helpdesk_registry(
     retry: RetryPolicy | None = None,
 ) -> ToolRegistry:
     desk = Helpdesk(store)
-    retry = retry or RetryPolicy()
+    mutation = partial(Tool, version="1", timeout_s=timeout_s, retry=retry or RetryPolicy())
     registry = ToolRegistry()
-    registry.register(
-        Tool(
+    for tool in (
+        mutation(
             name="create_ticket",
-            version="1",
             arguments=CreateTicketArgs,
             result=TicketRef,
             handler=desk.create_ticket,
-            timeout_s=timeout_s,
-            retry=retry,
-            reconcile=desk._reconciler(TicketRef, "ticket_id"),
-            description=_describe(
+            reconcile=desk.reconciler(TicketRef, "ticket_id"),
+            description=ToolDescription(
                 "Open a support ticket.",
                 "A customer problem needs tracking.",
                 "A ticket for the same problem is already open (list_tickets first).",
                 "None.",
                 _REPLAY,
             ),
-        )
-    )
-    registry.register(
+        ),
         Tool(
             name="list_tickets",
             version="1",
@@ -230,93 +222,75 @@ def helpdesk_registry(
             handler=desk.list_tickets,
             effect=EffectClass.READ_ONLY,
             timeout_s=timeout_s,
-            description=_describe(
+            description=ToolDescription(
                 "List every ticket of the caller's tenant.",
                 "Before opening or closing a ticket.",
                 "Never needed to confirm a call made with an idempotency key.",
                 "None.",
                 "Read-only: needs no idempotency key and is never replayed.",
             ),
-        )
-    )
-    registry.register(
-        Tool(
+        ),
+        mutation(
             name="close_ticket",
-            version="1",
             arguments=TicketRef,
             result=ClosedTicket,
             handler=desk.close_ticket,
-            timeout_s=timeout_s,
-            retry=retry,
             reconcile=desk.reconcile_close,
-            description=_describe(
+            description=ToolDescription(
                 "Close a ticket.",
                 "The customer's problem is solved.",
                 "The ticket belongs to another customer or is still being worked on.",
                 "The ticket exists in this tenant.",
                 _REPLAY,
             ),
-        )
-    )
-    registry.register(
-        Tool(
+        ),
+        mutation(
             name="send_email",
-            version="1",
             arguments=SendEmailArgs,
             result=EmailSent,
             handler=desk.send_email,
             risk=RiskTier.HIGH,
-            timeout_s=timeout_s,
-            retry=retry,
-            reconcile=desk._reconciler(EmailSent, "message_id"),
+            reconcile=desk.reconciler(EmailSent, "message_id"),
             redact_fields=frozenset({"to", "body"}),
-            description=_describe(
+            description=ToolDescription(
                 "Send an email to a customer.",
                 "The customer must be told something in writing.",
                 "Internal notes; anything that can go in the ticket instead.",
                 "A human approved this exact email (high risk).",
                 _REPLAY,
             ),
-        )
-    )
-    registry.register(
-        Tool(
+        ),
+        mutation(
             name="charge_card",
-            version="1",
             arguments=ChargeCardArgs,
             result=Charge,
             handler=desk.charge_card,
             risk=RiskTier.IRREVERSIBLE,
-            timeout_s=timeout_s,
-            retry=retry,
-            reconcile=desk._reconciler(Charge, "charge_id"),
+            reconcile=desk.reconciler(Charge, "charge_id"),
             redact_fields=frozenset({"customer_id"}),
-            description=_describe(
+            description=ToolDescription(
                 "Charge a customer's card on file.",
                 "An agreed, approved payment is due.",
                 "Refunds, disputed amounts, or anything not approved by a human.",
                 "A human approved this exact amount and currency (irreversible).",
                 _REPLAY,
             ),
-        )
-    )
-    registry.register(
-        Tool(
+        ),
+        mutation(
             name="flaky_write",
-            version="1",
             arguments=FlakyWriteArgs,
             result=Written,
             handler=desk.flaky_write,
             timeout_s=flaky_timeout_s,
-            retry=retry,
-            reconcile=desk._reconciler(Written, "write_id"),
-            description=_describe(
+            reconcile=desk.reconciler(Written, "write_id"),
+            description=ToolDescription(
                 "A test tool that writes a payload and can inject faults.",
                 "Exercising retries, final failures, timeouts and reconciliation.",
                 "Real work.",
                 "None.",
                 _REPLAY,
             ),
-        )
-    )
+        ),
+    ):
+        registry.register(tool)
     return registry
