@@ -115,6 +115,7 @@ class PartitionWorker:
         self._failed: BaseException | None = None
         self._background: list[asyncio.Task[None]] = []
         self._sweeping: set[str] = set()
+        self._unknown: set[str] = set()  # keys in UNKNOWN: what the sweeper looks at
 
     @property
     def position(self) -> int:
@@ -134,6 +135,7 @@ class PartitionWorker:
                 for event in events:
                     self.states[key] = evolve(self.states[key], event) or state
                 recovered.extend(events)
+        self._unknown = {k for k, s in self.states.items() if s.status is CallStatus.UNKNOWN}
         if recovered:
             log.info(
                 "recovered in-flight calls as UNKNOWN",
@@ -276,7 +278,7 @@ class PartitionWorker:
                 for event in item.events:
                     new = evolve(self.states.get(event.call_key), event)
                     if new is not None:
-                        self.states[event.call_key] = new
+                        self._set_state(event.call_key, new)
                         batch.states[event.call_key] = new
                     batch.events.append(event)
                 if item.dead_letter is not None:
@@ -321,9 +323,8 @@ class PartitionWorker:
         while True:
             await asyncio.sleep(self._sweep_interval_s)
             now = self._stages.clock.now()
-            for key, state in list(self.states.items()):
-                if state.status is not CallStatus.UNKNOWN or key in self._sweeping:
-                    continue
+            for key in sorted(self._unknown - self._sweeping):
+                state = self.states[key]
                 tool = self._stages.registry.get(state.context.tool)
                 if tool is None or tool.reconcile is None:
                     continue
@@ -333,6 +334,13 @@ class PartitionWorker:
                 await self._sem.acquire()
                 self._sweeping.add(key)
                 self._spawn(key, self._sweep(key))
+
+    def _set_state(self, key: str, state: CallState) -> None:
+        self.states[key] = state
+        if state.status is CallStatus.UNKNOWN:
+            self._unknown.add(key)
+        else:
+            self._unknown.discard(key)
 
     async def _sweep(self, key: str) -> None:
         try:
