@@ -1,7 +1,9 @@
 """The embedded runtime: the executor over a :class:`SqliteLog`, in one process.
 
 Single-node by design: no rebalancing, no replication. One partition worker per log
-partition, all in this event loop; appends of intents are group-committed.
+partition, all in this event loop. One writer task group-commits everything that is ready —
+appended intents and the batches of every partition — in one SQLite transaction, so the cost
+of an fsync is shared by all of them.
 """
 
 from __future__ import annotations
@@ -20,16 +22,71 @@ from schemas.keys import partition_for
 from schemas.topics import partition_key
 
 
-class _Store:
-    def __init__(self, log: SqliteLog) -> None:
+class _Writer:
+    """Coalesces appends and partition batches into one transaction per turn of the loop."""
+
+    def __init__(self, log: SqliteLog, on_appended: Callable[[int], None]) -> None:
         self._log = log
+        self._on_appended = on_appended
+        self._intents: list[tuple[int, bytes, bytes, asyncio.Future[None]]] = []
+        self._batches: list[
+            tuple[CommitBatch, list[tuple[bytes, bytes]], asyncio.Future[None]]
+        ] = []
+        self._wakeup = asyncio.Event()
+
+    async def append(self, partition: int, key: bytes, value: bytes) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._intents.append((partition, key, value, future))
+        self._wakeup.set()
+        await future
+
+    async def commit(self, batch: CommitBatch) -> None:
+        encoded = [(e.call_key.encode("utf-8"), encode(e)) for e in batch.events]
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batches.append((batch, encoded, future))
+        self._wakeup.set()
+        await future
+
+    @property
+    def idle(self) -> bool:
+        return not (self._intents or self._batches)
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            await asyncio.sleep(0)  # let the other partitions' flushers queue theirs too
+            self._wakeup.clear()
+            intents, self._intents = self._intents, []
+            batches, self._batches = self._batches, []
+            futures = [f for *_, f in intents] + [f for *_, f in batches]
+            if not futures:
+                continue
+            try:
+                self._log.write(
+                    [(p, k, v) for p, k, v, _ in intents], [(b, e) for b, e, _ in batches]
+                )
+            except Exception as exc:
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+            for partition in {p for p, *_ in intents}:
+                self._on_appended(partition)
+
+
+class _Store:
+    def __init__(self, log: SqliteLog, writer: _Writer) -> None:
+        self._log = log
+        self._writer = writer
 
     async def load_states(self, partition: int) -> dict[str, CallState]:
         return self._log.load_states(partition)
 
     async def commit(self, batch: CommitBatch) -> None:
-        encoded = [(e.call_key.encode("utf-8"), encode(e)) for e in batch.events]
-        self._log.commit(batch, encoded)
+        await self._writer.commit(batch)
 
 
 class EmbeddedRuntime:
@@ -50,12 +107,12 @@ class EmbeddedRuntime:
         self.workers: list[PartitionWorker] = []
         self._arrived = [asyncio.Event() for _ in range(log.partitions)]
         self._readers: list[asyncio.Task[None]] = []
-        self._appends: list[tuple[int, bytes, bytes, asyncio.Future[int]]] = []
-        self._append_wakeup = asyncio.Event()
-        self._appender: asyncio.Task[None] | None = None
+        self._writer = _Writer(log, lambda partition: self._arrived[partition].set())
+        self._writer_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        store = _Store(self.log)
+        self._writer_task = asyncio.create_task(self._writer.run())
+        store = _Store(self.log, self._writer)
         for partition in range(self.log.partitions):
             worker = PartitionWorker(
                 partition,
@@ -70,19 +127,15 @@ class EmbeddedRuntime:
             await worker.start()
             self.workers.append(worker)
         self._readers = [asyncio.create_task(self._read(w)) for w in self.workers]
-        self._appender = asyncio.create_task(self._append_loop())
 
     async def send(self, intent: ToolCallRequested) -> None:
         """Append an intent; returns once it is durable in the log."""
         key = partition_key(intent)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._appends.append((partition_for(key, self.log.partitions), key, encode(intent), future))
-        self._append_wakeup.set()
-        await future
+        await self._writer.append(partition_for(key, self.log.partitions), key, encode(intent))
 
     async def send_raw(self, partition: int, key: bytes, value: bytes) -> int:
         """Append bytes as they are (tests of bad input use it)."""
-        offset = self.log.append(INTENTS, [(partition, key, value)])[0]
+        offset = self.log.write([(partition, key, value)], [])[0]
         self._arrived[partition].set()
         return offset
 
@@ -90,7 +143,7 @@ class EmbeddedRuntime:
         """Wait until every appended intent is processed and committed."""
         while True:
             ends = [self.log.read(INTENTS, w.partition, w.position, 1) for w in self.workers]
-            if not any(ends) and not self._appends:
+            if not any(ends) and self._writer.idle:
                 await asyncio.gather(*(w.drain() for w in self.workers))
                 if all(
                     not self.log.read(INTENTS, w.partition, w.position, 1) for w in self.workers
@@ -99,31 +152,17 @@ class EmbeddedRuntime:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
-        tasks = [*self._readers, *([self._appender] if self._appender else [])]
-        for task in tasks:
+        for task in self._readers:
             task.cancel()
-        for task in tasks:
+        for task in self._readers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for worker in self.workers:
             await worker.stop()
-
-    async def _append_loop(self) -> None:
-        while True:
-            await self._append_wakeup.wait()
-            self._append_wakeup.clear()
-            pending, self._appends = self._appends, []
-            if not pending:
-                continue
-            try:
-                self.log.append(INTENTS, [(p, k, v) for p, k, v, _ in pending])
-            except Exception as exc:
-                for *_, future in pending:
-                    future.set_exception(exc)
-                continue
-            for partition, *_rest, future in pending:
-                future.set_result(partition)
-                self._arrived[partition].set()
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer_task
 
     async def _read(self, worker: PartitionWorker) -> None:
         arrived = self._arrived[worker.partition]

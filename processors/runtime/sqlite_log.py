@@ -217,42 +217,50 @@ class SqliteLog:
             states[key] = CallState.model_validate_json(state_json)
         return states
 
-    def commit(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
-        """Outcome events, call states, dead letters, projections and the position: atomically."""
+    def write(
+        self,
+        intents: Sequence[tuple[int, bytes, bytes]],
+        batches: Sequence[tuple[CommitBatch, Sequence[tuple[bytes, bytes]]]],
+    ) -> list[int]:
+        """One transaction (one fsync) for appended intents and executor batches of any
+        partitions; returns the intents' offsets."""
         try:
             with _tx(self.conn):
-                offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
-                self.conn.executemany(
-                    "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
-                    "DO UPDATE SET state_json = excluded.state_json",
-                    [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()],
-                )
-                self.conn.executemany(
-                    "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [
-                        (INTENTS, batch.partition, d.offset, d.reason, d.value)
-                        for d in batch.dead_letters
-                    ],
-                )
-                if batch.next_offset is not None:
-                    self.conn.execute(
-                        "INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT "
-                        "(consumer, topic, partition) DO UPDATE SET next_offset = "
-                        "excluded.next_offset",
-                        (EXECUTOR, INTENTS, batch.partition, batch.next_offset),
-                    )
-                projection.apply(
-                    self.conn,
-                    [
-                        (event, Position(batch.partition, offset))
-                        for event, offset in zip(batch.events, offsets, strict=True)
-                    ],
-                    batch.states,
-                )
+                offsets = self._append(INTENTS, intents) if intents else []
+                for batch, encoded in batches:
+                    self._commit_batch(batch, encoded)
+                return offsets
         except BaseException:
             self._next.clear()
             raise
+
+    def _commit_batch(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
+        """Outcome events, call states, dead letters, projections and the position."""
+        offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
+        self.conn.executemany(
+            "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
+            "DO UPDATE SET state_json = excluded.state_json",
+            [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()],
+        )
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(INTENTS, batch.partition, d.offset, d.reason, d.value) for d in batch.dead_letters],
+        )
+        if batch.next_offset is not None:
+            self.conn.execute(
+                "INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT "
+                "(consumer, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
+                (EXECUTOR, INTENTS, batch.partition, batch.next_offset),
+            )
+        projection.apply(
+            self.conn,
+            [
+                (event, Position(batch.partition, offset))
+                for event, offset in zip(batch.events, offsets, strict=True)
+            ],
+            batch.states,
+        )
 
     def rebuild_projections(self) -> int:
         """Drop the projections and fold them again from the outcome log; returns events read."""
