@@ -212,6 +212,18 @@ class KafkaExecutor:
         for owned in list(self.owned.values()):
             await owned.worker.drain()
 
+    async def caught_up(self) -> bool:
+        """Every intent appended so far to the partitions this executor owns is processed."""
+        if self._consumer is None or not self.owned:
+            return False
+        tps = [TopicPartition(self.topics.intents, p) for p in self.owned]
+        ends = await self._consumer.end_offsets(tps)
+        return all(
+            self.owned[tp.partition].worker.position >= end
+            for tp, end in ends.items()
+            if tp.partition in self.owned
+        )
+
     # -- assignment ---------------------------------------------------------------------------
 
     async def _acquire(self, partitions: Sequence[int]) -> None:

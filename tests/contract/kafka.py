@@ -89,7 +89,9 @@ class KafkaHarness(Harness):
 
     async def _settle(self) -> None:
         if self.executor is not None:
-            await self.executor.drain()
+            executor = self.executor
+            await eventually(executor.caught_up, timeout_s=30)
+            await executor.drain()
         assert self.projector is not None
         projector = self.projector
         await eventually(projector.caught_up, timeout_s=30)
