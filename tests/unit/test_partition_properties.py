@@ -1,0 +1,201 @@
+"""Hypothesis properties of the partition worker: the real runtime machinery (per-key order,
+concurrency across keys, group commit, watermark, takeover recovery) under random schedules
+and crashes at random commits, against an in-memory store and a downstream that counts
+effects. Unit tests may use fakes; the real stores run in the contract suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict
+
+from processors.ledger import CallState, Found, NotHappened, ReconcileOutcome
+from processors.pipeline import Stages
+from processors.runtime.partition import CommitBatch, PartitionWorker
+from processors.tools.manifest import RetryPolicy, Tool, ToolContext, ToolDescription, ToolError
+from processors.tools.redaction import Redactor
+from processors.tools.registry import ToolRegistry
+from schemas.codec import decode, encode
+from schemas.events import Envelope, Event, ToolCallRequested, answers_intent
+from schemas.keys import CallKey
+from schemas.status import CallStatus
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    value: int
+    behaviour: str = "ok"  # ok | flaky | hang
+
+
+class Done(BaseModel):
+    value: int
+
+
+@dataclass
+class Downstream:
+    """Counts real effects; reconcile tells the truth about them."""
+
+    effects: Counter[str] = field(default_factory=Counter)
+    flaky_seen: set[str] = field(default_factory=set)
+
+    async def handler(self, args: Args, ctx: ToolContext) -> Done:
+        await asyncio.sleep(random.random() * 0.002)
+        if args.behaviour == "flaky" and ctx.idempotency_key not in self.flaky_seen:
+            self.flaky_seen.add(ctx.idempotency_key)
+            raise ToolError("BUSY", "try again", retryable=True)
+        self.effects[ctx.idempotency_key] += 1
+        if args.behaviour == "hang":
+            await asyncio.sleep(10)  # past the timeout: UNKNOWN after the effect
+        return Done(value=args.value)
+
+    async def reconcile(self, ctx: ToolContext) -> ReconcileOutcome:
+        if self.effects[ctx.idempotency_key]:
+            return Found(json.dumps({"value": -1}))
+        return NotHappened()
+
+
+class Crash(Exception):
+    pass
+
+
+@dataclass
+class MemoryStore:
+    """Durable state of one partition; ``crash_at`` makes that commit fail (the process dies)."""
+
+    states: dict[str, CallState] = field(default_factory=dict)
+    position: int = 0
+    outcomes: list[Event] = field(default_factory=list)
+    commits: int = 0
+    crash_at: int | None = None
+
+    async def load_states(self, partition: int) -> dict[str, CallState]:
+        return dict(self.states)
+
+    async def commit(self, batch: CommitBatch) -> None:
+        self.commits += 1
+        if self.crash_at is not None and self.commits == self.crash_at:
+            raise Crash(f"crash at commit {self.commits}")
+        await asyncio.sleep(0)
+        self.outcomes.extend(batch.events)
+        self.states.update(batch.states)
+        if batch.next_offset is not None:
+            self.position = batch.next_offset
+
+
+def _registry(downstream: Downstream) -> ToolRegistry:
+    registry = ToolRegistry()
+    registry.register(
+        Tool(
+            name="op",
+            version="1",
+            arguments=Args,
+            result=Done,
+            handler=downstream.handler,
+            reconcile=downstream.reconcile,
+            timeout_s=0.02,
+            retry=RetryPolicy(
+                max_attempts=3, max_rounds=3, backoff_base_s=0.001, backoff_cap_s=0.002
+            ),
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+    return registry
+
+
+def _intent(key: str, args: dict[str, object]) -> bytes:
+    intent_id = uuid.uuid4().hex
+    return encode(
+        ToolCallRequested(
+            envelope=Envelope(
+                event_id=f"{intent_id}/requested/1",
+                call_key=str(CallKey("t", "op", key)),
+                tenant_id="t",
+                tool="op",
+                tool_version="",
+                idempotency_key=key,
+                args_digest="",
+                intent_id=intent_id,
+                occurred_at=datetime.now(UTC),
+            ),
+            arguments_json=json.dumps(args),
+            scopes=["tools:call"],
+        )
+    )
+
+
+async def _run_until_done(log: list[bytes], store: MemoryStore, stages: Stages) -> bool:
+    """Run a worker over the log from the stored position; False if it crashed."""
+    worker = PartitionWorker(
+        0, store.position, store, stages, epoch=1, concurrency=8, sweep_interval_s=0.01
+    )
+    try:
+        await worker.start()
+    except Crash:
+        return False
+    try:
+        for offset in range(store.position, len(log)):
+            if worker.failed is not None:
+                break
+            await worker.feed(offset, log[offset])
+        await worker.drain()
+    except Exception:
+        pass
+    finally:
+        crashed = worker.failed is not None and isinstance(worker.failed, Crash)
+        await worker.stop()
+    return not crashed
+
+
+KEYS = ["a", "b", "c", "d"]
+schedule = st.lists(
+    st.tuples(
+        st.sampled_from(KEYS), st.integers(0, 1), st.sampled_from(["ok", "ok", "flaky", "hang"])
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    schedule=schedule, crash_at=st.one_of(st.none(), st.integers(1, 12)), seed=st.integers(0, 2**16)
+)
+def test_any_schedule_with_a_crash_executes_each_key_at_most_once(
+    schedule: list[tuple[str, int, str]], crash_at: int | None, seed: int
+) -> None:
+    random.seed(seed)
+    downstream = Downstream()
+    stages = Stages(_registry(downstream), Redactor(b"k" * 32), rng=random.Random(seed))
+    # every key has one behaviour; value 0/1 makes conflicting arguments for the same key
+    behaviours = {key: b for key, _, b in schedule}
+    log = [_intent(k, {"value": v, "behaviour": behaviours[k]}) for k, v, _ in schedule]
+
+    async def scenario() -> MemoryStore:
+        store = MemoryStore(crash_at=crash_at)
+        for _ in range(3):  # a crash kills the worker; a new one takes over from the store
+            if await _run_until_done(log, store, stages):
+                break
+            store.crash_at = None
+        return store
+
+    store = asyncio.run(scenario())
+    for key in KEYS:
+        assert downstream.effects[key] <= 1, (key, downstream.effects)
+    assert store.position == len(log), "every intent was processed after the takeover"
+    answered = {e.intent_id for e in store.outcomes if answers_intent(e)}
+    assert {decode(record).intent_id for record in log} <= answered, "an intent went unanswered"
+    for key, state in store.states.items():
+        idem = CallKey.parse(key).idempotency_key
+        if state.status is CallStatus.SUCCEEDED:
+            assert downstream.effects[idem] == 1, (key, state)
+        if state.status is CallStatus.PENDING:
+            raise AssertionError(f"{key} left PENDING after the worker finished")
