@@ -19,6 +19,7 @@ from toolledger.config import (
     load_tools,
     redaction_secret,
 )
+from toolledger.mcp_wiring import register_mcp_command
 
 app = typer.Typer(
     help="toolledger: an execution ledger for AI agents' tool calls.",
@@ -217,6 +218,8 @@ def serve(
 
     asyncio.run(main())
 
+
+register_mcp_command(app)
 
 if __name__ == "__main__":
     app()

@@ -117,6 +117,7 @@ class Tool:
     compensation: str | None = None
     redact_fields: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset({"tools:call"})
+    open_world: bool = True  # talks to a system outside the ledger (MCP's openWorldHint)
 
     @property
     def keyed(self) -> bool:
@@ -144,6 +145,7 @@ class Tool:
                 "backoff_base_s": self.retry.backoff_base_s,
                 "backoff_cap_s": self.retry.backoff_cap_s,
             },
+            "open_world": self.open_world,
             "reconcile": self.reconcile is not None,
             "compensation": self.compensation,
             "idempotency_key_required": self.keyed,

@@ -1,0 +1,392 @@
+"""The MCP server: the ledger's tools for any MCP client, over stdio or streamable HTTP.
+
+Built on the ``mcp`` SDK's low-level ``Server`` so the listing is exactly the manifests':
+
+* input schema: the tool's argument JSON Schema (from its pydantic model); every tool that
+  changes something (``mutation``, ``long_running``) gets one more, *required*, string
+  property ``idempotency_key`` (1..255 printable ASCII characters, taken verbatim: no
+  trimming, no quotes), and its description says what a replay does;
+* annotations from the manifest: ``readOnlyHint`` (effect ``read_only``),
+  ``destructiveHint`` (a mutation of risk ``high`` or ``irreversible``), ``idempotentHint``
+  (true for keyed tools: the key is one of the arguments, and the same arguments, key
+  included, give the same outcome without a second effect), ``openWorldHint`` (the
+  manifest's ``open_world`` when it has one, else true, MCP's own default);
+* ``_meta`` carries the manifest's version, effect and risk.
+
+A call takes ``idempotency_key`` out of the arguments and passes it to
+:meth:`producers.client.LedgerClient.call` as the key; the rest are the tool's arguments.
+Optional request ``_meta`` entries ``toolledger.dev/run_id``, ``toolledger.dev/step_id``
+and ``toolledger.dev/approval_token`` (set by the client application, not by the model)
+are passed through for the audit trail and approvals.
+
+Errors, per the MCP specification ("Tools" > "Error handling"):
+
+* *execution errors* are results with ``isError: true`` whose content is the normalised
+  JSON of :meth:`CallResult.to_json` (``{"ok": false, "error": {"code", "message",
+  "retryable", "suggested_action"}, ...}``; also in ``structuredContent``): every ledger
+  outcome that is not SUCCEEDED, and every refusal the model can act on -- invalid
+  arguments (``VALIDATION_FAILED``; since 2025-11-25 the specification classes input
+  validation as an execution error, so the model can correct itself), a missing or invalid
+  key, a reused key, a forbidden tool, a disabled tool, a missing approval;
+* *protocol errors* stay JSON-RPC errors: an unknown tool name is ``-32602`` (Invalid
+  params). The specification lists "unknown tools" among protocol errors: the name is not
+  in the listing the client got, nothing was attempted, and there is no tool whose result
+  could carry the error. The ledger is not asked (no ``TOOL_NOT_FOUND`` event is recorded);
+  a request that is not a valid ``tools/call`` is rejected by the SDK in the same way.
+
+Tenant and principal come from the session's authentication, never from arguments (an
+argument named ``tenant_id`` is just an unknown argument: ``VALIDATION_FAILED``):
+
+* streamable HTTP: every request carries ``Authorization: Bearer <token>``, checked with
+  :class:`producers.http.auth.TokenStore`; no or a wrong token is ``401`` before any MCP
+  processing. The SDK binds a stateful session to the identity (tenant and principal) that
+  opened it; a request with another identity gets ``404`` for that session.
+* stdio: there is no per-request credential (the MCP specification says stdio servers take
+  credentials from their environment), so the trusted context is fixed when the process
+  starts -- ``toolledger mcp --transport stdio`` resolves ``--token`` (or the environment
+  variable ``TOOLLEDGER_MCP_TOKEN``) through the tokens file and refuses to start if it does
+  not resolve. Whoever can start the process holds that token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, RequireAuthMiddleware
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+from starlette.authentication import AuthCredentials, AuthenticationBackend
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from producers.adapters import (
+    ToolSpec,
+    arguments_schema,
+    description,
+    index_tools,
+    refusal,
+    result_text,
+)
+from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.http.auth import TokenStore
+from schemas.errors import ErrorCode
+from schemas.keys import MAX_KEY_LENGTH
+
+log = logging.getLogger("toolledger.mcp")
+
+KEY_ARGUMENT = "idempotency_key"
+RUN_ID_META = "toolledger.dev/run_id"
+STEP_ID_META = "toolledger.dev/step_id"
+APPROVAL_META = "toolledger.dev/approval_token"
+DEFAULT_PATH = "/mcp"
+
+_KEY_DESCRIPTION = (
+    "Names this intended action, not this attempt: derive it from your run and step "
+    "(e.g. 'run-42:step-3') and send the same key, verbatim, whenever you retry the same "
+    "action. 1 to 255 printable ASCII characters."
+)
+
+_INSTRUCTIONS = (
+    "Every tool that changes something takes a required idempotency_key. Use one key per "
+    "intended action and reuse it verbatim when you retry that action: the ledger runs it at "
+    "most once and answers a retry with the stored outcome. A new action needs a new key; "
+    "the same key with different arguments is refused (IDEMPOTENCY_KEY_REUSED). Failures are "
+    'results with isError and a JSON body {"ok": false, "error": {"code", "message", '
+    '"retryable", "suggested_action"}}: follow suggested_action.'
+)
+
+
+def key_schema() -> dict[str, Any]:
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_KEY_LENGTH,
+        "pattern": r"^[\x20-\x7E]+$",
+        "description": _KEY_DESCRIPTION,
+    }
+
+
+def mcp_input_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The argument schema, plus the required ``idempotency_key`` for keyed tools."""
+    schema = arguments_schema(spec)
+    if not spec.keyed:
+        return schema
+    properties = schema.setdefault("properties", {})
+    if KEY_ARGUMENT in properties:
+        raise ValueError(
+            f"{spec.name}: an argument is named {KEY_ARGUMENT!r}, which the MCP server "
+            "reserves for the idempotency key"
+        )
+    properties[KEY_ARGUMENT] = key_schema()
+    required = [r for r in schema.get("required", []) if r != KEY_ARGUMENT]
+    schema["required"] = [*required, KEY_ARGUMENT]
+    return schema
+
+
+def mcp_description(spec: ToolSpec) -> str:
+    text = description(spec)
+    if spec.keyed:
+        return (
+            f"{text}\nIdempotency: pass idempotency_key (required). The same key with the same "
+            "arguments returns the stored outcome of the first call and does not run the tool "
+            "again, also while it is still running; the same key with other arguments is "
+            "refused with IDEMPOTENCY_KEY_REUSED. Use a new key only for a new action."
+        )
+    return f"{text}\nRead-only: takes no idempotency_key and is never replayed."
+
+
+def mcp_annotations(spec: ToolSpec) -> types.ToolAnnotations:
+    manifest = spec.manifest
+    read_only = manifest.get("effect") == "read_only"
+    open_world = manifest.get("open_world")
+    return types.ToolAnnotations(
+        read_only_hint=read_only,
+        # destructive and idempotent hints are meaningful only for tools that change things
+        destructive_hint=None if read_only else manifest.get("risk") in ("high", "irreversible"),
+        idempotent_hint=None if read_only else spec.keyed,
+        open_world_hint=open_world if isinstance(open_world, bool) else True,
+    )
+
+
+def mcp_tool(spec: ToolSpec) -> types.Tool:
+    manifest = spec.manifest
+    meta = {
+        f"toolledger.dev/{field}": manifest[field]
+        for field in ("version", "effect", "risk")
+        if field in manifest
+    }
+    return types.Tool(
+        name=spec.name,
+        description=mcp_description(spec),
+        input_schema=mcp_input_schema(spec),
+        annotations=mcp_annotations(spec),
+        meta=meta or None,
+    )
+
+
+class SessionUser(AuthenticatedUser):
+    """The authenticated caller of one HTTP request, with its trusted context.
+
+    The SDK's session manager binds a stateful session to ``(client_id, iss, sub)`` of the
+    user that opened it; ``client_id`` encodes tenant and principal, so a session opened by
+    one tenant cannot be used by another.
+    """
+
+    def __init__(self, context: TrustedContext) -> None:
+        super().__init__(
+            AccessToken(
+                token="",  # the raw token is not kept
+                client_id=json.dumps([context.tenant_id, context.principal]),
+                scopes=sorted(context.scopes),
+                subject=context.principal,
+                claims={"iss": "toolledger", "tenant_id": context.tenant_id},
+            )
+        )
+        self.context = context
+
+
+class TokenAuthBackend(AuthenticationBackend):
+    """Bearer tokens from the tokens file, as in the HTTP API."""
+
+    def __init__(self, tokens: TokenStore) -> None:
+        self.tokens = tokens
+
+    async def authenticate(
+        self, conn: HTTPConnection
+    ) -> tuple[AuthCredentials, SessionUser] | None:
+        context = self.tokens.authenticate(conn.headers.get("authorization"))
+        if context is None:
+            return None
+        return AuthCredentials(sorted(context.scopes)), SessionUser(context)
+
+
+def session_context(
+    ctx: ServerRequestContext[Any, Any], fixed: TrustedContext | None
+) -> TrustedContext | None:
+    """The caller's trusted context: the request's authenticated user over HTTP, the
+    context fixed at start-up otherwise (stdio). An HTTP request without an authenticated
+    user gets nothing, even if a fixed context exists."""
+    request = ctx.request
+    if request is None:
+        return fixed
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, Mapping) else None
+    return user.context if isinstance(user, SessionUser) else None
+
+
+def _meta_string(meta: Mapping[str, Any] | None, key: str, limit: int) -> str | None:
+    value = (meta or {}).get(key)
+    if isinstance(value, str) and 0 < len(value) <= limit:
+        return value
+    return None
+
+
+def _tool_result(result: CallResult) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(text=result_text(result))],
+        structured_content=result.to_json(),
+        is_error=not result.ok,
+    )
+
+
+class LedgerMcpServer:
+    """The ledger's tools as an MCP server.
+
+    ``fixed_context`` is the trusted context of a transport without per-request
+    authentication (stdio, in-process); streamable HTTP ignores it and authenticates every
+    request (:meth:`http_app`).
+    """
+
+    def __init__(
+        self,
+        client: LedgerClient,
+        tools: Mapping[str, ToolSpec] | Iterable[ToolSpec],
+        *,
+        fixed_context: TrustedContext | None = None,
+        wait_s: float | None = None,
+        name: str = "toolledger",
+        version: str = "0.1.0",
+    ) -> None:
+        self.client = client
+        self.tools = index_tools(tools)
+        self.fixed_context = fixed_context
+        self.wait_s = wait_s
+        self.listing = [mcp_tool(spec) for spec in self.tools.values()]
+        self._schemas = {tool.name: tool.input_schema for tool in self.listing}
+        self.server: Server[Any] = Server(
+            name,
+            version=version,
+            instructions=_INSTRUCTIONS,
+            get_tool_input_schema=self._schemas.get,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool.model_copy(deep=True) for tool in self.listing])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = self.tools.get(params.name)
+        if spec is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+        context = session_context(ctx, self.fixed_context)
+        if context is None:
+            return _tool_result(
+                refusal(ErrorCode.UNAUTHENTICATED, "This session is not authenticated.")
+            )
+        meta: Mapping[str, Any] | None = params.meta
+        try:
+            result = await self.call(
+                spec,
+                dict(params.arguments or {}),
+                context,
+                run_id=_meta_string(meta, RUN_ID_META, 255),
+                step_id=_meta_string(meta, STEP_ID_META, 255),
+                approval_token=_meta_string(meta, APPROVAL_META, 4096),
+            )
+        except Exception:
+            # never a stack trace or a driver message to the caller; the same key is safe
+            log.exception("mcp call failed", extra={"tool": spec.name})
+            result = refusal(ErrorCode.INTERNAL, "The ledger could not answer this call.")
+        return _tool_result(result)
+
+    async def call(
+        self,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        context: TrustedContext,
+        *,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        approval_token: str | None = None,
+    ) -> CallResult:
+        """Take the key out of ``arguments`` and run the call through the ledger."""
+        key: str | None = None
+        if spec.keyed:
+            raw_key = arguments.pop(KEY_ARGUMENT, None)
+            if raw_key is None:
+                return refusal(
+                    ErrorCode.IDEMPOTENCY_KEY_MISSING,
+                    f"{spec.name} changes something: pass the argument {KEY_ARGUMENT}.",
+                )
+            if not isinstance(raw_key, str):
+                return refusal(
+                    ErrorCode.IDEMPOTENCY_KEY_INVALID, f"{KEY_ARGUMENT} must be a string."
+                )
+            key = raw_key
+        return await self.client.call(
+            spec.name,
+            arguments,
+            idempotency_key=key,
+            context=context,
+            wait=self.wait_s,
+            run_id=run_id,
+            step_id=step_id,
+            approval_token=approval_token,
+        )
+
+    async def run_stdio(self) -> None:
+        """Serve one client over this process's stdin and stdout until it disconnects."""
+        async with stdio_server() as (read_stream, write_stream):
+            await self.server.run(
+                read_stream, write_stream, self.server.create_initialization_options()
+            )
+
+    def http_app(
+        self,
+        tokens: TokenStore,
+        *,
+        path: str = DEFAULT_PATH,
+        host: str = "127.0.0.1",
+        json_response: bool = False,
+        stateless: bool = False,
+        transport_security: TransportSecuritySettings | None = None,
+    ) -> Starlette:
+        """A Starlette app serving streamable HTTP at ``path`` (Bearer tokens required) and an
+        unauthenticated ``GET /healthz``. Run its lifespan (uvicorn does)."""
+        if transport_security is None and host in ("127.0.0.1", "localhost", "::1"):
+            # the SDK's own default for loopback servers: DNS rebinding protection
+            transport_security = TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+        manager = StreamableHTTPSessionManager(
+            app=self.server,
+            json_response=json_response,
+            stateless=stateless,
+            security_settings=transport_security,
+        )
+        endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
+
+        async def healthz(request: Request) -> JSONResponse:
+            return JSONResponse({"status": "ok"})
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with manager.run():
+                yield
+
+        return Starlette(
+            routes=[Route(path, endpoint=endpoint), Route("/healthz", healthz, methods=["GET"])],
+            middleware=[Middleware(AuthenticationMiddleware, backend=TokenAuthBackend(tokens))],
+            lifespan=lifespan,
+        )

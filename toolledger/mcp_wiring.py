@@ -1,0 +1,213 @@
+"""Wiring of the MCP server (``toolledger mcp``): stdio or streamable HTTP, on the embedded
+backend (default) or on Kafka + PostgreSQL, through the same doors as ``toolledger serve``.
+
+Authentication:
+
+* ``--transport http``: every request needs ``Authorization: Bearer <token>`` from the
+  tokens file; the tenant and principal come from the token of each request. ``--token``
+  is not used.
+* ``--transport stdio``: a stdio server has no per-request credential, so the process is
+  bound to one identity at start: ``--token`` (better: the environment variable
+  ``TOOLLEDGER_MCP_TOKEN``, which does not show in the process list) is looked up in the
+  tokens file, and the server refuses to start if it is not there. An MCP client config
+  then reads e.g. ``{"command": "toolledger", "args": ["mcp", "--data", "...", "--tokens",
+  "..."], "env": {"TOOLLEDGER_MCP_TOKEN": "..."}}``.
+
+stdout belongs to the protocol in stdio mode: logs go to stderr, and so do this command's
+own messages.
+
+The embedded ledger is single-node: one process per ``--data`` directory. A stdio server is
+one process per MCP client, so on the embedded backend only one stdio client (and no
+``toolledger serve``) can use a directory at a time; a second one exits with status 2. Serve
+several clients with ``--transport http``, or run on Kafka + PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
+    from processors.tools.registry import ToolRegistry
+    from producers.client import TrustedContext
+    from producers.http.app import FrontDoor
+    from producers.http.auth import TokenStore
+    from producers.mcp_server import LedgerMcpServer
+
+log = logging.getLogger("toolledger.mcp")
+
+TOKEN_ENV = "TOOLLEDGER_MCP_TOKEN"
+_err = Console(stderr=True)
+
+
+class Transport(StrEnum):
+    STDIO = "stdio"
+    HTTP = "http"
+
+
+class McpConfigError(ValueError):
+    pass
+
+
+def stdio_context(tokens: TokenStore, token: str | None) -> TrustedContext:
+    """The identity a stdio server runs as: ``token`` looked up in the tokens file."""
+    if not token:
+        raise McpConfigError(
+            f"stdio needs an identity: set {TOKEN_ENV} (or pass --token) to a token of the "
+            "tokens file"
+        )
+    context = tokens.authenticate(f"Bearer {token}")
+    if context is None:
+        raise McpConfigError(f"the token in {TOKEN_ENV} / --token is not in the tokens file")
+    return context
+
+
+def mcp_server(
+    door: FrontDoor, *, fixed_context: TrustedContext | None = None, wait_s: float | None = None
+) -> LedgerMcpServer:
+    from producers.mcp_server import LedgerMcpServer
+
+    return LedgerMcpServer(door.client, door.tools, fixed_context=fixed_context, wait_s=wait_s)
+
+
+async def run_stdio(door: FrontDoor, context: TrustedContext, *, wait_s: float | None) -> None:
+    log.info("mcp over stdio", extra={"tenant": context.tenant_id})
+    await mcp_server(door, fixed_context=context, wait_s=wait_s).run_stdio()
+
+
+async def serve_http(
+    door: FrontDoor, host: str, port: int, *, wait_s: float | None, path: str = "/mcp"
+) -> None:
+    import uvicorn
+
+    app = mcp_server(door, wait_s=wait_s).http_app(door.tokens, path=path, host=host)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, access_log=False, lifespan="on"
+    )
+    log.info("mcp over streamable http", extra={"host": host, "port": port, "path": path})
+    await uvicorn.Server(config).serve()
+
+
+@contextlib.asynccontextmanager
+async def open_door(
+    data: Path,
+    registry: ToolRegistry,
+    tokens: TokenStore,
+    *,
+    kafka: str | None,
+    postgres: str | None,
+    prefix: str,
+    partitions: int,
+) -> AsyncIterator[FrontDoor]:
+    """The backend ``toolledger serve`` would use: embedded in ``data`` unless both
+    ``kafka`` and ``postgres`` are given."""
+    from toolledger import serve as wiring
+
+    door: contextlib.AbstractAsyncContextManager[FrontDoor]
+    if kafka is not None and postgres is not None:
+        door = wiring.distributed_door(kafka, postgres, prefix, partitions, registry, tokens)
+    else:
+        door = wiring.embedded_door(data, registry, tokens)
+    async with door as front:
+        yield front
+
+
+def register_mcp_command(app: typer.Typer) -> None:
+    """Add ``toolledger mcp`` to the CLI."""
+
+    @app.command("mcp")
+    def mcp(
+        transport: Annotated[
+            Transport, typer.Option("--transport", help="stdio, or streamable HTTP.")
+        ] = Transport.STDIO,
+        host: Annotated[str, typer.Option(help="HTTP: address to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="HTTP: port.")] = 8081,
+        data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")] = Path(
+            ".toolledger"
+        ),
+        tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
+        token: Annotated[
+            str | None,
+            typer.Option(
+                envvar=TOKEN_ENV,
+                show_envvar=True,
+                help="stdio: the token (of the tokens file) this server acts as.",
+            ),
+        ] = None,
+        tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+        wait: Annotated[
+            float,
+            typer.Option(min=0.0, max=60.0, help="Seconds a call waits for its outcome."),
+        ] = 10.0,
+        kafka: Annotated[
+            str | None, typer.Option("--kafka", help="Distributed mode: Kafka bootstrap servers.")
+        ] = None,
+        postgres: Annotated[
+            str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
+        ] = None,
+        prefix: Annotated[str, typer.Option("--prefix", help="Topic name prefix.")] = (
+            "toolledger."
+        ),
+        partitions: Annotated[int, typer.Option("--partitions", help="Partitions per topic.")] = 4,
+    ) -> None:
+        """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
+        import asyncio
+
+        from processors.runtime.sqlite_log import LedgerFileError
+        from producers.http.auth import TokenFileError, TokenStore
+        from toolledger.config import ConfigError, load_tools
+
+        if (kafka is None) != (postgres is None):
+            _err.print("[red]distributed mode needs both --kafka and --postgres[/]")
+            raise typer.Exit(2)
+        try:
+            token_store = TokenStore.load(tokens)
+            context = stdio_context(token_store, token) if transport is Transport.STDIO else None
+            data.mkdir(parents=True, exist_ok=True)
+            registry = load_tools(tools, data / "helpdesk.db")
+        except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
+            _err.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+
+        async def main() -> None:
+            door = open_door(
+                data,
+                registry,
+                token_store,
+                kafka=kafka,
+                postgres=postgres,
+                prefix=prefix,
+                partitions=partitions,
+            )
+            async with door as front:
+                if context is not None:
+                    await run_stdio(front, context, wait_s=wait)
+                else:
+                    await serve_http(front, host, port, wait_s=wait)
+
+        try:
+            asyncio.run(main())
+        except LedgerFileError as exc:  # e.g. another process holds the embedded ledger
+            _err.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+
+
+def _standalone() -> None:
+    """``python -m toolledger.mcp_wiring ...``: the same command outside the main CLI."""
+    from toolledger import logs
+
+    logs.configure("WARNING")
+    app = typer.Typer(add_completion=False)
+    register_mcp_command(app)
+    app()
+
+
+if __name__ == "__main__":
+    _standalone()
