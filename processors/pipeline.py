@@ -52,7 +52,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, InvalidIdempotencyKey, check_idempotency_key
+from schemas.keys import InvalidIdempotencyKey, call_id_of, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
 
@@ -275,7 +275,7 @@ class Stages:
             principal=ctx.principal,
             tool=tool.name,
             call_key=ctx.call_key,
-            call_id=CallKey.parse(ctx.call_key).call_id,
+            call_id=call_id_of(ctx.call_key),
             idempotency_key=ctx.idempotency_key,
             attempt=attempt,
             deadline=self.clock.now() + timedelta(seconds=tool.timeout_s),

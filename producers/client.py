@@ -31,7 +31,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, InvalidIdempotencyKey, check_idempotency_key
+from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_of, check_idempotency_key
 from schemas.status import CallStatus
 
 DEFAULT_WAIT_S = 10.0
@@ -136,7 +136,8 @@ class LedgerClient:
         key and arguments to get the outcome; it will not run twice).
         """
         key = idempotency_key or ""
-        call_id = CallKey(context.tenant_id, tool, key).call_id
+        call_key = str(CallKey(context.tenant_id, tool, key))
+        call_id = call_id_of(call_key)
         if idempotency_key is not None:
             try:
                 check_idempotency_key(idempotency_key)
@@ -162,7 +163,7 @@ class LedgerClient:
         intent = ToolCallRequested(
             envelope=Envelope(
                 event_id=f"{intent_id}/requested/1",
-                call_key=str(CallKey(context.tenant_id, tool, key)),
+                call_key=call_key,
                 tenant_id=context.tenant_id,
                 tool=tool,
                 tool_version="",
@@ -212,7 +213,7 @@ def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:
 def result_of(event: Event) -> CallResult:
     """The caller's view of the event that answered its intent."""
     base: dict[str, Any] = {
-        "call_id": CallKey.parse(event.call_key).call_id,
+        "call_id": call_id_of(event.call_key),
         "intent_id": event.intent_id,
         "event": event,
     }

@@ -19,7 +19,7 @@ from producers.client import TransportError
 from producers.outcomes import OutcomeHub
 from schemas.codec import CodecError, decode, encode
 from schemas.events import ToolCallRequested
-from schemas.topics import INTENT_ID_HEADER, Topics, partition_key
+from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics, partition_key
 
 log = logging.getLogger("toolledger.producer")
 
@@ -92,7 +92,10 @@ class KafkaTransport:
             batches = await self._listener.getmany(timeout_ms=200, max_records=1000)
             for records in batches.values():
                 for record in records:
-                    intent_id = dict(record.headers or ()).get(INTENT_ID_HEADER, b"").decode()
+                    headers = dict(record.headers or ())
+                    if headers.get(ANSWER_HEADER) == b"0":
+                        continue  # not an answer (e.g. Started): no need to decode it
+                    intent_id = headers.get(INTENT_ID_HEADER, b"").decode()
                     if not self.outcomes.is_waiting(intent_id):
                         continue
                     try:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from processors.ledger import CallState, fold
 from schemas.events import Event
-from schemas.keys import CallKey
+from schemas.keys import call_id_of
 
 CALL_COLUMNS = (
     "call_id",
@@ -60,11 +59,6 @@ EVENT_COLUMNS = (
 class Position:
     partition: int
     offset: int
-
-
-@lru_cache(maxsize=65536)
-def call_id_of(call_key: str) -> str:
-    return CallKey.parse(call_key).call_id
 
 
 def payload_json(event: Event) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 MAX_KEY_LENGTH = 255
 
@@ -79,7 +80,7 @@ class CallKey:
     @property
     def call_id(self) -> str:
         """Stable public id of the call: the same on every backend and after every replay."""
-        return "call_" + hashlib.sha256(self.encode()).hexdigest()[:32]
+        return call_id_of(str(self))
 
 
 def murmur2(data: bytes) -> int:
@@ -118,3 +119,9 @@ def partition_for(key_bytes: bytes, partitions: int) -> int:
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
     return (murmur2(key_bytes) & 0x7FFFFFFF) % partitions
+
+
+@lru_cache(maxsize=65536)
+def call_id_of(call_key: str) -> str:
+    """The call id of an encoded call key (cached: it is asked for several times per call)."""
+    return "call_" + hashlib.sha256(call_key.encode("utf-8")).hexdigest()[:32]

@@ -8,6 +8,7 @@ from schemas.events import ToolCallRequested
 from schemas.keys import partition_for
 
 INTENT_ID_HEADER = "intent_id"
+ANSWER_HEADER = "answer"  # "1" on the event that answers its intent's caller
 REASON_HEADER = "reason"
 
 

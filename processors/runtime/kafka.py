@@ -32,8 +32,8 @@ from processors.ledger import CallState
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionWorker
 from schemas.codec import encode
-from schemas.events import Event
-from schemas.topics import INTENT_ID_HEADER, REASON_HEADER, Topics
+from schemas.events import Event, answers_intent
+from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -67,7 +67,10 @@ class KafkaStore:
                     encode(event),
                     key=event.call_key.encode("utf-8"),
                     partition=p,
-                    headers=[(INTENT_ID_HEADER, event.intent_id.encode("utf-8"))],
+                    headers=[
+                        (INTENT_ID_HEADER, event.intent_id.encode("utf-8")),
+                        (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
+                    ],
                 )
             for key, state in batch.states.items():
                 await producer.send(
@@ -253,6 +256,9 @@ class KafkaExecutor:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            # the broker answers a produce racing AddPartitionsToTxn with a retriable error;
+            # the default 100 ms backoff stalls the whole partition for that long
+            retry_backoff_ms=10,
         )
         await producer.start()  # init_transactions: fences the previous owner
         try:
