@@ -16,6 +16,24 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolledger demo
 
+# The HTTP API on the embedded backend (data in .toolledger-dev/), with a fresh dev token.
+DEV_DIR    := .toolledger-dev
+SERVE_HOST ?= 127.0.0.1
+SERVE_PORT ?= 8080
+serve: $(STAMP)
+	@mkdir -p $(DEV_DIR)/data
+	@umask 077; token=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
+	printf '{"tokens": [{"token": "%s", "tenant": "dev", "principal": "dev", "scopes": ["tools:call", "operator"]}]}\n' \
+	  "$$token" > $(DEV_DIR)/tokens.json; \
+	echo "dev token (tenant 'dev', new on every 'make serve'): $$token"; \
+	echo "try:"; \
+	echo "  curl -sS -X POST http://$(SERVE_HOST):$(SERVE_PORT)/v1/tools/create_ticket/calls \\"; \
+	echo "    -H 'Authorization: Bearer $$token' -H 'Content-Type: application/json' \\"; \
+	echo "    -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
+	echo "(run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i)"
+	exec $(BIN)/toolledger serve --host $(SERVE_HOST) --port $(SERVE_PORT) \
+	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
+
 # The whole suite: starts a real Kafka broker and a real PostgreSQL, runs every test
 # (both backends of the contract suite), stops the services even when tests fail.
 test: $(STAMP)

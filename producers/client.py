@@ -143,6 +143,13 @@ class LedgerClient:
                 check_idempotency_key(idempotency_key)
             except InvalidIdempotencyKey as exc:
                 return _refused(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc), call_id)
+        for name, value in (("run_id", run_id), ("step_id", step_id)):
+            if value is not None and not (0 < len(value) <= 255 and value.isprintable()):
+                return _refused(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"{name} must be 1 to 255 printable characters.",
+                    call_id,
+                )
         try:
             arguments_json = json.dumps(
                 arguments, ensure_ascii=False, allow_nan=False, separators=(",", ":")

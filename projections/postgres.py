@@ -421,7 +421,7 @@ class PostgresProjection:
                 copy.set_types(["integer", *_EVENT_TYPES])
                 for ord_, (event, pos) in enumerate(events):
                     row = event_row(event, pos)
-                    await copy.write_row((ord_, *(row[c] for c in EVENT_COLUMNS)))
+                    await copy.write_row((ord_, *(_text(row[c]) for c in EVENT_COLUMNS)))
             await cur.execute(_INSERT_EVENTS)
             inserted = {r[0] for r in await cur.fetchall()}
         return [e for e, _ in events if e.event_id in inserted]
@@ -444,7 +444,7 @@ class PostgresProjection:
             async with cur.copy(_COPY_CALLS) as copy:
                 copy.set_types(["integer", *_CALL_TYPES])
                 for ord_, row in enumerate(rows):
-                    await copy.write_row((ord_, *(row[c] for c in CALL_COLUMNS)))
+                    await copy.write_row((ord_, *(_text(row[c]) for c in CALL_COLUMNS)))
             await cur.execute(_UPSERT_CALLS_FROM_STAGE)
 
     @staticmethod
@@ -457,7 +457,7 @@ class PostgresProjection:
                 [d.topic for d in letters],
                 [d.partition for d in letters],
                 [d.offset for d in letters],
-                [d.reason for d in letters],
+                [_text(d.reason) for d in letters],
                 [bytes(d.payload) for d in letters],
             ),
         )
@@ -574,3 +574,12 @@ class PostgresCalls:
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(search.applied_sql("%s"), (event_id,)))
+
+
+def _text(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL; one in an id (say a tool name nobody registered) must
+    not stop the projector for good, so it is stored as U+FFFD. JSON columns are unaffected:
+    JSON escapes control characters."""
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value

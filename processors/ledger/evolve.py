@@ -78,7 +78,10 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
     elif isinstance(event, ToolCallFailed):
         update = {"status": _FAILED_STATUS[event.disposition], "error": event.error}
     elif isinstance(event, ToolCallOutcomeUnknown):
-        update = {"status": CallStatus.UNKNOWN}
+        update = {
+            "status": CallStatus.UNKNOWN,
+            "error": ErrorInfo.of(ErrorCode.OUTCOME_UNKNOWN, event.reason),
+        }
     elif isinstance(event, ToolCallReconciled):
         update = {
             "status": _RECONCILED_STATUS[event.resolution],
@@ -90,6 +93,8 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
             update |= {"error": event.error}
         elif event.resolution is Resolution.NOT_HAPPENED:
             update |= {"error": NOT_HAPPENED_ERROR}
+        else:  # INCONCLUSIVE: still UNKNOWN, with why
+            update |= {"error": event.error}
     else:
         return state
     return state.model_copy(

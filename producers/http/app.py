@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producers.client import CallResult, LedgerClient, TrustedContext
@@ -23,14 +25,17 @@ from producers.http.headers import idempotency_key, wait_seconds
 from producers.http.metrics import Metrics
 from producers.http.problems import Problem, page, problem, problem_bytes
 from schemas.calls import CallFilter, CallQueries, CallView, decode_cursor
-from schemas.errors import ErrorCode, ErrorInfo
+from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.keys import CallKey, InvalidIdempotencyKey
 from schemas.status import CallStatus
+
+log = logging.getLogger("toolledger.http")
 
 PROBLEM = "application/problem+json"
 JSON = "application/json"
 MAX_BODY_BYTES = (1 << 20) + (64 << 10)  # the 1 MiB argument limit plus room for the envelope
 PROJECTION_WAIT_S = 10.0
+CALL_ID = re.compile(r"call_[0-9a-f]{32}")  # CallKey.call_id: anything else is not a call
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +58,17 @@ class FrontDoor:
     metrics: Metrics = field(default_factory=Metrics)
 
 
+NO_CONTROL = r"^[^\x00-\x1F\x7F]+$"  # ids are stored as text: no NUL (PostgreSQL) nor controls
+
+
 class CallBody(BaseModel):
     """The request body of ``POST /v1/tools/{tool}/calls``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     arguments: dict[str, Any]
-    run_id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
-    step_id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    run_id: Annotated[str, Field(min_length=1, max_length=255, pattern=NO_CONTROL)] | None = None
+    step_id: Annotated[str, Field(min_length=1, max_length=255, pattern=NO_CONTROL)] | None = None
     approval_token: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-
-
-class CallPage(BaseModel):
-    items: list[CallView]
-    next_cursor: str | None
 
 
 class EventPage(BaseModel):
@@ -80,6 +83,26 @@ class ToolPage(BaseModel):
 
 
 _HIDDEN = {"last_event_id", "last_intent_id"}
+_NO_CALL = "Check the call id (calls of other tenants are not visible to this token)."
+
+# The Call resource as rendered (CallView without its internal fields), for the OpenAPI document.
+Call: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "Call",
+    __doc__="The Call resource: the ledger's record of one call key.",
+    **{n: (f.annotation, f) for n, f in CallView.model_fields.items() if n not in _HIDDEN},
+)
+
+
+class CallList(BaseModel):
+    items: list[Call]
+    next_cursor: str | None
+
+
+def _header(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
+_RETRY_AFTER = {"Retry-After": _header("Seconds to wait before retrying with the same key.")}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {PROBLEM: {}}, "description": description}
     for status, description in [
@@ -97,6 +120,72 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "Unavailable"),
     ]
 }
+
+
+def _call_responses() -> dict[int | str, dict[str, Any]]:
+    """The responses of ``POST /v1/tools/{tool}/calls``, with the headers they carry."""
+    responses: dict[int | str, dict[str, Any]] = {
+        200: {
+            "model": Call,
+            "description": "The call finished (or a replay of its stored outcome)",
+            "headers": {
+                "Idempotent-Replayed": _header("'true' on a replay; absent on a first execution.")
+            },
+        },
+        202: {
+            "model": Call,
+            "description": "Still running after the wait: status PENDING",
+            "headers": {"Location": _header("/v1/calls/{call_id}: where the outcome appears.")},
+        },
+        **_ERRORS,
+    }
+    for status in (409, 429, 503):
+        responses[status] = {**responses[status], "headers": _RETRY_AFTER}
+    return responses
+
+
+def _problem_media(schema: dict[str, Any]) -> None:
+    """Document problems under ``application/problem+json`` (the media type they are sent with)
+    and drop FastAPI's default 422 (this API answers invalid requests with 400)."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            default_422 = responses.get("422", {}).get("content", {}).get(JSON, {})
+            if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                del responses["422"]
+            for response in responses.values():
+                content = response.get("content", {})
+                if PROBLEM not in content or "schema" in content[PROBLEM]:
+                    continue
+                for media in [m for m in content if m != PROBLEM]:
+                    if content[media].get("schema", {}).get("$ref", "").endswith("/Problem"):
+                        content[PROBLEM] = content.pop(media)
+    components = schema.get("components", {}).get("schemas", {})
+    if "HTTPValidationError" not in json.dumps(schema.get("paths", {})):
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+
+
+def _field_errors(errors: Any) -> list[FieldError]:
+    return [
+        FieldError(
+            loc=".".join(str(p) for p in e.get("loc", ())) or "$",
+            msg=str(e.get("msg", "invalid")),
+            type=str(e.get("type", "invalid")),
+        )
+        for e in errors
+    ]
+
+
+def _validation_failed(summary: str, errors: list[FieldError]) -> Response:
+    detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors[:5])
+    info = ErrorInfo.of(ErrorCode.VALIDATION_FAILED, f"{summary} {detail}".strip()[:1000])
+    return _problem_response(problem(info, errors=errors[:50]))
+
+
+def _not_found(detail: str, action: str) -> Response:
+    info = ErrorInfo(code="NOT_FOUND", message=detail, retryable=False, suggested_action=action)
+    return _problem_response(problem(info, status=404))
 
 
 def _problem_response(p: Problem, headers: Mapping[str, str] | None = None) -> Response:
@@ -167,18 +256,30 @@ def create_app(door: FrontDoor) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        return _validation_failed("The request is invalid:", _field_errors(exc.errors()))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # never a stack trace or a driver message to the caller; the log has the details
+        log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
         return _error(
-            ErrorCode.VALIDATION_FAILED,
-            "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
+            ErrorCode.INTERNAL,
+            "The ledger could not answer this request.",
+            headers={"Retry-After": "1"},
         )
+
+    original_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _problem_media(original_openapi())
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.post(
         "/v1/tools/{tool}/calls",
-        responses={
-            200: {"model": CallView, "description": "The call finished (or a replay)"},
-            202: {"model": CallView, "description": "Still running after the wait"},
-            **_ERRORS,
-        },
+        responses=_call_responses(),
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -189,8 +290,19 @@ def create_app(door: FrontDoor) -> FastAPI:
     async def call_tool(
         tool: str,
         request: Request,
-        idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
-        prefer: Annotated[str | None, Header()] = None,
+        idempotency_key_header: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                description="Required for mutation and long_running tools: 1..255 printable "
+                'ASCII characters; "K" and K are the same key. Ignored for read_only tools.',
+                # documented only: checked by the handler (400 IDEMPOTENCY_KEY_INVALID)
+                json_schema_extra={"minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+            ),
+        ] = None,
+        prefer: Annotated[
+            str | None, Header(description="wait=<seconds>: how long to wait (default 10, max 60).")
+        ] = None,
     ) -> Response:
         started = time.monotonic()
         context = authenticate(request)
@@ -209,10 +321,8 @@ def create_app(door: FrontDoor) -> FastAPI:
             )
         try:
             body = CallBody.model_validate_json(raw)
-        except ValueError as exc:
-            return _error(
-                ErrorCode.VALIDATION_FAILED, f"The body is not a valid call: {exc}"[:2000]
-            )
+        except ValidationError as exc:
+            return _validation_failed("The body is not a valid call:", _field_errors(exc.errors()))
         key: str | None = None
         if info.keyed:
             try:
@@ -239,25 +349,31 @@ def create_app(door: FrontDoor) -> FastAPI:
         door.metrics.observe(tool, response.status_code, result, time.monotonic() - started)
         return response
 
-    @app.get("/v1/calls/{call_id}", responses={200: {"model": CallView}, **_ERRORS})
+    @app.get("/v1/calls/{call_id}", responses={200: {"model": Call}, **_ERRORS})
     async def get_call(call_id: str, request: Request) -> Response:
         context = authenticate(request)
         if isinstance(context, Response):
             return context
-        view = await door.queries.get(context.tenant_id, call_id)
+        view = (
+            await door.queries.get(context.tenant_id, call_id)
+            if CALL_ID.fullmatch(call_id)
+            else None
+        )
         if view is None:  # another tenant's call is not found, never forbidden
-            return _error(ErrorCode.TOOL_NOT_FOUND, "No call with this id.", status=404)
+            return _not_found("No call with this id.", _NO_CALL)
         return Response(_view_bytes(view), media_type=JSON)
 
-    @app.get("/v1/calls", responses={200: {"model": CallPage}, **_ERRORS})
+    @app.get("/v1/calls", responses={200: {"model": CallList}, **_ERRORS})
     async def search_calls(
         request: Request,
-        tool: Annotated[str | None, Query(max_length=64)] = None,
-        idempotency_key: Annotated[str | None, Query(max_length=255)] = None,
-        run_id: Annotated[str | None, Query(max_length=255)] = None,
+        tool: Annotated[str | None, Query(max_length=64, pattern=NO_CONTROL)] = None,
+        idempotency_key: Annotated[
+            str | None, Query(min_length=1, max_length=255, pattern=r"^[ -~]+$")
+        ] = None,
+        run_id: Annotated[str | None, Query(max_length=255, pattern=NO_CONTROL)] = None,
         status: CallStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[str | None, Query(max_length=128)] = None,
+        cursor: Annotated[str | None, Query(max_length=128, pattern=r"^[A-Za-z0-9_-]+$")] = None,
     ) -> Response:
         context = authenticate(request)
         if isinstance(context, Response):
@@ -283,9 +399,13 @@ def create_app(door: FrontDoor) -> FastAPI:
         context = authenticate(request)
         if isinstance(context, Response):
             return context
-        events = await door.queries.events(context.tenant_id, call_id)
+        events = (
+            await door.queries.events(context.tenant_id, call_id)
+            if CALL_ID.fullmatch(call_id)
+            else None
+        )
         if events is None:
-            return _error(ErrorCode.TOOL_NOT_FOUND, "No call with this id.", status=404)
+            return _not_found("No call with this id.", _NO_CALL)
         body = {"items": events, "next_cursor": None}
         return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
 
@@ -327,7 +447,7 @@ def create_app(door: FrontDoor) -> FastAPI:
     async def problem_page(code: str) -> Response:
         text = page(code)
         if text is None:
-            return _error(ErrorCode.TOOL_NOT_FOUND, "No such problem type.", status=404)
+            return _not_found("No such problem type.", "See /openapi.json for the error codes.")
         return HTMLResponse(text)
 
     return app
@@ -344,11 +464,20 @@ async def _answer(
     call_id = CallKey(context.tenant_id, tool, key or "").call_id
     if result.rejected:
         assert result.error is not None
-        return _problem_response(problem(result.error, errors=list(result.field_errors)))
+        retry = result.error.code in (ErrorCode.IDEMPOTENCY_KEY_IN_USE, ErrorCode.RATE_LIMITED)
+        return _problem_response(
+            problem(result.error, errors=list(result.field_errors)),
+            {"Retry-After": "1"} if retry else None,
+        )
     if result.status is CallStatus.PENDING:
         if result.error is not None and result.error.code == ErrorCode.INTERNAL:
             return _problem_response(problem(result.error), {"Retry-After": "1"})
         view = await door.queries.get(context.tenant_id, call_id) if key else None
+        if view is not None and view.status.is_final:
+            # it finished between the end of the wait and this read: answer the outcome
+            ours = await _ours(door, view, result)
+            headers = {} if ours else {"Idempotent-Replayed": "true"}
+            return Response(_view_bytes(view), media_type=JSON, headers=headers)
         if (
             view is not None
             and view.status is CallStatus.PENDING
