@@ -190,9 +190,37 @@ def serve(
     ] = None,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
+    jwks: Annotated[
+        Path | None,
+        typer.Option(help="JWKS file (JSON): also accept JWT bearer tokens signed by its keys."),
+    ] = None,
+    jwt_issuer: Annotated[
+        str | None, typer.Option(help="The 'iss' JWTs must carry (required with --jwks).")
+    ] = None,
+    jwt_audience: Annotated[
+        list[str] | None,
+        typer.Option(help="An 'aud' JWTs may carry (required with --jwks; repeatable)."),
+    ] = None,
+    jwt_algorithms: Annotated[
+        str, typer.Option(help="Accepted JWT algorithms, comma-separated (asymmetric only).")
+    ] = "RS256,ES256",
+    jwt_tenant_claim: Annotated[
+        str, typer.Option(help="The JWT claim that names the tenant.")
+    ] = "tenant_id",
+    jwt_principal_claim: Annotated[
+        str, typer.Option(help="The JWT claim that names the principal.")
+    ] = "sub",
+    jwt_scopes_claim: Annotated[
+        str | None,
+        typer.Option(help="The JWT claim with the scopes (default: 'scope', else 'scopes')."),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (JSON): rate limits per tenant and tool.")
+    ] = None,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
+    from producers.http.jwt_auth import ClaimNames
     from toolledger import serve as wiring
 
     try:
@@ -206,17 +234,46 @@ def serve(
         console.print("[red]distributed mode needs both --kafka and --postgres[/]")
         raise typer.Exit(2)
 
+    algorithms = [a.strip() for a in jwt_algorithms.split(",") if a.strip()]
+    claims = ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim)
+    audience = jwt_audience or None
+
     async def main() -> None:
         if kafka is not None and postgres is not None:
             door = wiring.distributed_door(
-                kafka, postgres, prefix, partitions, registry, token_store
+                kafka,
+                postgres,
+                prefix,
+                partitions,
+                registry,
+                token_store,
+                jwks=jwks,
+                issuer=jwt_issuer,
+                audience=audience,
+                policy=policy,
+                jwt_algorithms=algorithms,
+                jwt_claims=claims,
             )
         else:
-            door = wiring.embedded_door(data, registry, token_store)
+            door = wiring.embedded_door(
+                data,
+                registry,
+                token_store,
+                jwks=jwks,
+                issuer=jwt_issuer,
+                audience=audience,
+                policy=policy,
+                jwt_algorithms=algorithms,
+                jwt_claims=claims,
+            )
         async with door as front:
             await wiring.serve(front, host, port)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except ConfigError as exc:  # the JWKS file, the JWT settings or the policy
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
 
 
 register_mcp_command(app)

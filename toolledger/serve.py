@@ -1,17 +1,29 @@
-"""Wiring of the HTTP front door for the embedded or the distributed backend."""
+"""Wiring of the HTTP front door for the embedded or the distributed backend, with its
+authenticator (tokens file and/or JWTs verified against a JWKS file) and its rate limiter
+(policy file and/or tool manifests)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import uvicorn
 
 from processors.tools.registry import ToolRegistry
 from producers.http.app import FrontDoor, ToolInfo, create_app
-from producers.http.auth import TokenStore
+from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
+from producers.http.jwt_auth import (
+    DEFAULT_ALGORITHMS,
+    DEFAULT_LEEWAY_S,
+    ClaimNames,
+    JwtAuthenticator,
+    JwtConfigError,
+    JwtSettings,
+)
+from producers.http.ratelimit import PolicyError, RateLimiter, RatePolicy
+from toolledger.config import ConfigError
 
 log = logging.getLogger("toolledger.serve")
 
@@ -20,13 +32,73 @@ def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
     return {t.name: ToolInfo(t.name, t.keyed, t.manifest()) for t in registry}
 
 
+def authenticator(
+    tokens: TokenStore | None,
+    jwks: Path | None = None,
+    issuer: str | None = None,
+    audience: str | Sequence[str] | None = None,
+    *,
+    algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
+    claims: ClaimNames | None = None,
+    leeway_s: float = DEFAULT_LEEWAY_S,
+) -> Authenticator:
+    """Opaque tokens from the tokens file and, with ``jwks``, JWTs from ``issuer`` for
+    ``audience`` (both then required). :class:`ConfigError` if that is not usable."""
+    if jwks is None:
+        if issuer is not None or audience is not None:
+            raise ConfigError("a JWT issuer or audience needs a JWKS file (--jwks)")
+        if tokens is None:
+            raise ConfigError("no way to authenticate: give a tokens file or a JWKS file")
+        return tokens
+    if not issuer or not audience:
+        raise ConfigError("JWT bearer tokens need both an issuer and an audience")
+    try:
+        settings = JwtSettings(
+            issuer,
+            audience if isinstance(audience, str) else tuple(audience),
+            tuple(algorithms),
+            leeway_s,
+            claims or ClaimNames(),
+        )
+        verifier = JwtAuthenticator.load(jwks, settings)
+    except JwtConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return CombinedAuthenticator(tokens, verifier)
+
+
+def rate_limiter(registry: ToolRegistry, policy: Path | None = None) -> RateLimiter | None:
+    """The rate limits of the policy file and the tools' manifests; ``None`` if there are none.
+    :class:`ConfigError` if they are not usable."""
+    try:
+        limits = RatePolicy.load(policy) if policy is not None else RatePolicy.none()
+        limiter = RateLimiter(limits, {t.name: t.manifest() for t in registry})
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    return limiter if limiter.active else None
+
+
 @contextlib.asynccontextmanager
 async def embedded_door(
-    data: Path, registry: ToolRegistry, tokens: TokenStore
+    data: Path,
+    registry: ToolRegistry,
+    tokens: TokenStore | None,
+    *,
+    jwks: Path | None = None,
+    issuer: str | None = None,
+    audience: str | Sequence[str] | None = None,
+    policy: Path | None = None,
+    jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
+    jwt_claims: ClaimNames | None = None,
 ) -> AsyncIterator[FrontDoor]:
+    """The front door of an embedded ledger in ``data``. :class:`ConfigError` (before anything
+    is opened) if the JWT settings or the policy are not usable."""
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
+    auth = authenticator(
+        tokens, jwks, issuer, audience, algorithms=jwt_algorithms, claims=jwt_claims
+    )
+    limiter = rate_limiter(registry, policy)
     async with EmbeddedLedger(data / "ledger.db", registry) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -35,7 +107,13 @@ async def embedded_door(
             return {"executor": all(w.failed is None for w in runtime.workers)}
 
         yield FrontDoor(
-            ledger.client, SqliteCalls(ledger.log.conn), tool_infos(registry), tokens, ready
+            ledger.client,
+            SqliteCalls(ledger.log.conn),
+            tool_infos(registry),
+            tokens if tokens is not None else TokenStore([]),
+            ready,
+            limiter=limiter,
+            authenticator=auth,
         )
 
 
@@ -46,14 +124,27 @@ async def distributed_door(
     prefix: str,
     partitions: int,
     registry: ToolRegistry,
-    tokens: TokenStore,
+    tokens: TokenStore | None,
+    *,
+    jwks: Path | None = None,
+    issuer: str | None = None,
+    audience: str | Sequence[str] | None = None,
+    policy: Path | None = None,
+    jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
+    jwt_claims: ClaimNames | None = None,
 ) -> AsyncIterator[FrontDoor]:
+    """The front door of the Kafka + PostgreSQL backend. :class:`ConfigError` (before anything
+    is opened) if the JWT settings or the policy are not usable."""
     from producers.client import LedgerClient
     from producers.kafka import KafkaTransport
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
     from schemas.topics import Topics
     from toolledger.kafka_admin import ensure_topics
 
+    auth = authenticator(
+        tokens, jwks, issuer, audience, algorithms=jwt_algorithms, claims=jwt_claims
+    )
+    limiter = rate_limiter(registry, policy)
     topics = Topics(prefix, partitions)
     await ensure_topics(kafka, topics)
     await migrate(postgres)
@@ -71,7 +162,15 @@ async def distributed_door(
                     database = False
                 return {"postgres": database, "kafka": transport.running}
 
-            yield FrontDoor(LedgerClient(transport), calls, tool_infos(registry), tokens, ready)
+            yield FrontDoor(
+                LedgerClient(transport),
+                calls,
+                tool_infos(registry),
+                tokens if tokens is not None else TokenStore([]),
+                ready,
+                limiter=limiter,
+                authenticator=auth,
+            )
     finally:
         await transport.stop()
 

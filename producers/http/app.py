@@ -16,14 +16,16 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producers.client import CallResult, LedgerClient, TrustedContext
-from producers.http.auth import TokenStore
+from producers.http.auth import Authenticator, AuthFailure, TokenStore, failure_counter
 from producers.http.headers import idempotency_key, wait_seconds
 from producers.http.metrics import Metrics
 from producers.http.problems import Problem, page, problem, problem_bytes
+from producers.http.ratelimit import RateLimiter, Refusal
 from schemas.calls import CallFilter, CallQueries, CallView, decode_cursor
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.keys import CallKey, InvalidIdempotencyKey
@@ -52,10 +54,17 @@ class FrontDoor:
     client: LedgerClient
     queries: CallQueries
     tools: Mapping[str, ToolInfo]
-    tokens: TokenStore
+    tokens: TokenStore  # the tokens file (the MCP server authenticates with it too)
     ready: Callable[[], Awaitable[dict[str, bool]]]
     key_retention: str = "forever"
     metrics: Metrics = field(default_factory=Metrics)
+    limiter: RateLimiter | None = None
+    # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)
+    authenticator: Authenticator | None = None
+    auth_failures: Counter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.auth_failures = failure_counter(self.metrics.registry)
 
 
 NO_CONTROL = r"^[^\x00-\x1F\x7F]+$"  # ids are stored as text: no NUL (PostgreSQL) nor controls
@@ -204,6 +213,48 @@ def _error(
     return _problem_response(problem(ErrorInfo.of(code, message), status=status), headers)
 
 
+def _unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) -> Response:
+    """401, counted and logged (never with the token)."""
+    door.auth_failures.labels(failure.reason, failure.kind).inc()
+    log.log(
+        logging.INFO if failure.reason == "missing" else logging.WARNING,
+        "authentication failed",
+        extra={
+            "reason": failure.reason,
+            "token_kind": failure.kind,
+            "method": request.method,
+            "path": request.url.path[:256],
+            "client": request.client.host if request.client else None,
+        },
+    )
+    challenge = "Bearer" if failure.reason == "missing" else 'Bearer error="invalid_token"'
+    return _error(
+        ErrorCode.UNAUTHENTICATED, failure.detail, headers={"WWW-Authenticate": challenge}
+    )
+
+
+def _rate_limited(
+    door: FrontDoor, context: TrustedContext, tool: str, refusal: Refusal
+) -> Response:
+    """429 before anything is appended, counted and logged."""
+    door.metrics.rejections.labels(tool, ErrorCode.RATE_LIMITED.value).inc()
+    door.metrics.calls.labels(tool, "REJECTED", "429").inc()
+    log.info(
+        "rate limited",
+        extra={
+            "tenant": context.tenant_id,
+            "tool": tool,
+            "bucket": refusal.scope,
+            "retry_after_s": refusal.retry_after_s,
+        },
+    )
+    return _error(
+        ErrorCode.RATE_LIMITED,
+        f"{refusal.detail} Retry in {refusal.retry_after_s} s.",
+        headers={"Retry-After": str(refusal.retry_after_s)},
+    )
+
+
 def _view_bytes(view: CallView) -> bytes:
     return view.model_dump_json(exclude=_HIDDEN).encode()
 
@@ -231,13 +282,10 @@ def create_app(door: FrontDoor) -> FastAPI:
     )
 
     def authenticate(request: Request) -> TrustedContext | Response:
-        context = door.tokens.authenticate(request.headers.get("authorization"))
-        if context is None:
-            return _error(
-                ErrorCode.UNAUTHENTICATED,
-                "Send 'Authorization: Bearer <token>'.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        authenticator = door.tokens if door.authenticator is None else door.authenticator
+        context = authenticator.check(request.headers.get("authorization"))
+        if isinstance(context, AuthFailure):
+            return _unauthenticated(door, request, context)
         return context
 
     @app.exception_handler(StarletteHTTPException)
@@ -334,6 +382,10 @@ def create_app(door: FrontDoor) -> FastAPI:
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
                     f"{tool} changes something: send an Idempotency-Key header.",
                 )
+        if door.limiter is not None:
+            refusal = door.limiter.acquire(context.tenant_id, tool)
+            if refusal is not None:  # nothing appended: the key stays unused
+                return _rate_limited(door, context, tool, refusal)
         wait = wait_seconds(request.headers.getlist("prefer"))
         result = await door.client.call(
             tool,

@@ -1,15 +1,83 @@
-"""Bearer tokens from a tokens file: the trusted context comes from here and nowhere else."""
+"""Who is calling: the trusted context (tenant, principal, scopes) comes from authentication and
+nowhere else.
+
+Two kinds of bearer token, behind one :class:`Authenticator` protocol:
+
+- opaque tokens listed in a tokens file (:class:`TokenStore`);
+- JWTs verified against a JWKS file (:class:`producers.http.jwt_auth.JwtAuthenticator`).
+
+:class:`CombinedAuthenticator` accepts both on one server: a token found in the tokens file is
+that file's; any other token shaped like a JWT goes to the JWT verifier; anything else is
+unknown. A refusal is an :class:`AuthFailure`: a stable ``reason`` (for metrics and logs) and a
+``detail`` for the caller. Neither ever contains the token.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from producers.client import TrustedContext
+
+MAX_TOKEN_CHARS = 8192
+# three base64url segments (RFC 7515 compact serialisation); a JWT header always starts "eyJ"
+_JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFailure:
+    """Why a request is not authenticated: ``reason`` is a stable label (metrics, logs),
+    ``detail`` is what the caller is told. Neither contains the token."""
+
+    reason: str
+    detail: str
+    kind: str = "none"  # what was presented: "none", "opaque" or "jwt"
+
+
+MISSING = AuthFailure("missing", "Send 'Authorization: Bearer <token>'.")
+NOT_BEARER = AuthFailure(
+    "not_bearer", "Only the Bearer scheme is accepted: send 'Authorization: Bearer <token>'."
+)
+TOO_LONG = AuthFailure("too_long", f"The bearer token is longer than {MAX_TOKEN_CHARS} characters.")
+UNKNOWN_TOKEN = AuthFailure("unknown_token", "The bearer token is not known.", "opaque")
+
+
+@runtime_checkable
+class Authenticator(Protocol):
+    """Turns an ``Authorization`` header value into a trusted context, or says why not."""
+
+    def check(self, authorization: str | None) -> TrustedContext | AuthFailure: ...
+
+    def authenticate(self, authorization: str | None) -> TrustedContext | None: ...
+
+
+def bearer_token(authorization: str | None) -> str | AuthFailure:
+    """The token of ``Bearer <token>`` (scheme case-insensitive, surrounding blanks ignored)."""
+    if not authorization or not authorization.strip():
+        return MISSING
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return NOT_BEARER
+    token = token.strip()
+    if not token:
+        return MISSING
+    if len(token) > MAX_TOKEN_CHARS:
+        return TOO_LONG
+    return token
+
+
+def looks_like_jwt(token: str) -> bool:
+    """JWT by shape: three dot-separated base64url segments, or a JOSE header prefix (so a
+    truncated JWT is still judged as one and gets a precise answer)."""
+    return token.startswith("eyJ") or _JWT_SHAPE.fullmatch(token) is not None
 
 
 class TokenEntry(BaseModel):
@@ -30,7 +98,7 @@ class TokenFileError(ValueError):
 
 
 class TokenStore:
-    """Tokens are kept as SHA-256 digests and compared in constant time."""
+    """Opaque tokens of a tokens file, kept as SHA-256 digests and compared in constant time."""
 
     def __init__(self, entries: list[TokenEntry]) -> None:
         self._by_digest = {
@@ -47,14 +115,64 @@ class TokenStore:
         except (OSError, ValueError, ValidationError) as exc:
             raise TokenFileError(f"{path}: not a usable tokens file ({exc})") from None
 
-    def authenticate(self, authorization: str | None) -> TrustedContext | None:
-        if not authorization:
-            return None
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        digest = hashlib.sha256(token.strip().encode()).digest()
+    def find(self, token: str) -> TrustedContext | None:
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
         for known, context in self._by_digest.items():
             if hmac.compare_digest(known, digest):
+                found = context
+        return found
+
+    def check(self, authorization: str | None) -> TrustedContext | AuthFailure:
+        token = bearer_token(authorization)
+        if isinstance(token, AuthFailure):
+            return token
+        return self.find(token) or UNKNOWN_TOKEN
+
+    def authenticate(self, authorization: str | None) -> TrustedContext | None:
+        context = self.check(authorization)
+        return context if isinstance(context, TrustedContext) else None
+
+
+class TokenVerifier(Protocol):
+    """A verifier of one token (already taken out of its header), e.g. the JWT verifier."""
+
+    def verify(self, token: str) -> TrustedContext | AuthFailure: ...
+
+
+class CombinedAuthenticator:
+    """Opaque tokens from the tokens file, JWTs (by shape) from the JWT verifier."""
+
+    def __init__(self, tokens: TokenStore | None, jwt: TokenVerifier | None) -> None:
+        self.tokens = tokens
+        self.jwt = jwt
+
+    def check(self, authorization: str | None) -> TrustedContext | AuthFailure:
+        token = bearer_token(authorization)
+        if isinstance(token, AuthFailure):
+            return token
+        if self.tokens is not None:
+            context = self.tokens.find(token)
+            if context is not None:
                 return context
-        return None
+        if looks_like_jwt(token):
+            if self.jwt is None:
+                return AuthFailure(
+                    "jwt_not_accepted", "This server does not accept JWT bearer tokens.", "jwt"
+                )
+            return self.jwt.verify(token)
+        return UNKNOWN_TOKEN
+
+    def authenticate(self, authorization: str | None) -> TrustedContext | None:
+        context = self.check(authorization)
+        return context if isinstance(context, TrustedContext) else None
+
+
+def failure_counter(registry: CollectorRegistry) -> Counter:
+    """``toolledger_http_auth_failures_total{reason, kind}``: refused authentications."""
+    return Counter(
+        "toolledger_http_auth_failures",
+        "Requests refused by authentication, by reason and kind of token presented.",
+        ["reason", "kind"],
+        registry=registry,
+    )
