@@ -221,6 +221,7 @@ def serve(
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.jwt_auth import ClaimNames
+    from schemas.topics import Topics
     from toolledger import serve as wiring
 
     try:
@@ -238,34 +239,17 @@ def serve(
     claims = ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim)
     audience = jwt_audience or None
 
+    security = wiring.Security(token_store, jwks, jwt_issuer, audience, policy, algorithms, claims)
+
     async def main() -> None:
-        if kafka is not None and postgres is not None:
-            door = wiring.distributed_door(
-                kafka,
-                postgres,
-                prefix,
-                partitions,
-                registry,
-                token_store,
-                jwks=jwks,
-                issuer=jwt_issuer,
-                audience=audience,
-                policy=policy,
-                jwt_algorithms=algorithms,
-                jwt_claims=claims,
-            )
-        else:
-            door = wiring.embedded_door(
-                data,
-                registry,
-                token_store,
-                jwks=jwks,
-                issuer=jwt_issuer,
-                audience=audience,
-                policy=policy,
-                jwt_algorithms=algorithms,
-                jwt_claims=claims,
-            )
+        door = wiring.open_door(
+            registry,
+            security,
+            data=data,
+            kafka=kafka,
+            postgres=postgres,
+            topics=Topics(prefix, partitions),
+        )
         async with door as front:
             await wiring.serve(front, host, port)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -95,8 +94,7 @@ async def serve_http(
     await uvicorn.Server(config).serve()
 
 
-@contextlib.asynccontextmanager
-async def open_door(
+def open_door(
     data: Path,
     registry: ToolRegistry,
     tokens: TokenStore,
@@ -105,18 +103,20 @@ async def open_door(
     postgres: str | None,
     prefix: str,
     partitions: int,
-) -> AsyncIterator[FrontDoor]:
-    """The backend ``toolledger serve`` would use: embedded in ``data`` unless both
-    ``kafka`` and ``postgres`` are given."""
+) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
+    """The backend ``toolledger serve`` would use, with the tokens file as its only
+    authenticator."""
+    from schemas.topics import Topics
     from toolledger import serve as wiring
 
-    door: contextlib.AbstractAsyncContextManager[FrontDoor]
-    if kafka is not None and postgres is not None:
-        door = wiring.distributed_door(kafka, postgres, prefix, partitions, registry, tokens)
-    else:
-        door = wiring.embedded_door(data, registry, tokens)
-    async with door as front:
-        yield front
+    return wiring.open_door(
+        registry,
+        wiring.Security(tokens),
+        data=data,
+        kafka=kafka,
+        postgres=postgres,
+        topics=Topics(prefix, partitions),
+    )
 
 
 def register_mcp_command(app: typer.Typer) -> None:

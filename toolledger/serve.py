@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 
 from processors.tools.registry import ToolRegistry
+from producers.client import LedgerClient
 from producers.http.app import FrontDoor, ToolInfo, create_app
 from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
 from producers.http.jwt_auth import (
@@ -23,6 +25,8 @@ from producers.http.jwt_auth import (
     JwtSettings,
 )
 from producers.http.ratelimit import PolicyError, RateLimiter, RatePolicy
+from schemas.calls import CallQueries
+from schemas.topics import Topics
 from toolledger.config import ConfigError
 
 log = logging.getLogger("toolledger.serve")
@@ -77,28 +81,59 @@ def rate_limiter(registry: ToolRegistry, policy: Path | None = None) -> RateLimi
     return limiter if limiter.active else None
 
 
+@dataclass(frozen=True)
+class Security:
+    """How a front door authenticates and rate-limits: the tokens file and/or JWTs verified
+    against a JWKS file, and a policy file of rate limits."""
+
+    tokens: TokenStore | None
+    jwks: Path | None = None
+    issuer: str | None = None
+    audience: str | Sequence[str] | None = None
+    policy: Path | None = None
+    jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS
+    jwt_claims: ClaimNames | None = None
+
+    def build(self, registry: ToolRegistry) -> DoorFactory:
+        """Check the settings now (:class:`ConfigError`), before any backend is opened."""
+        auth = authenticator(
+            self.tokens,
+            self.jwks,
+            self.issuer,
+            self.audience,
+            algorithms=self.jwt_algorithms,
+            claims=self.jwt_claims,
+        )
+        limiter = rate_limiter(registry, self.policy)
+        tokens = self.tokens if self.tokens is not None else TokenStore([])
+        tools = tool_infos(registry)
+
+        def door(
+            client: LedgerClient,
+            queries: CallQueries,
+            ready: Callable[[], Awaitable[dict[str, bool]]],
+        ) -> FrontDoor:
+            return FrontDoor(
+                client, queries, tools, tokens, ready, limiter=limiter, authenticator=auth
+            )
+
+        return door
+
+
+DoorFactory = Callable[
+    [LedgerClient, CallQueries, Callable[[], Awaitable[dict[str, bool]]]], FrontDoor
+]
+
+
 @contextlib.asynccontextmanager
 async def embedded_door(
-    data: Path,
-    registry: ToolRegistry,
-    tokens: TokenStore | None,
-    *,
-    jwks: Path | None = None,
-    issuer: str | None = None,
-    audience: str | Sequence[str] | None = None,
-    policy: Path | None = None,
-    jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
-    jwt_claims: ClaimNames | None = None,
+    data: Path, registry: ToolRegistry, security: Security
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of an embedded ledger in ``data``. :class:`ConfigError` (before anything
-    is opened) if the JWT settings or the policy are not usable."""
+    """The front door of an embedded ledger in ``data``."""
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
-    auth = authenticator(
-        tokens, jwks, issuer, audience, algorithms=jwt_algorithms, claims=jwt_claims
-    )
-    limiter = rate_limiter(registry, policy)
+    door = security.build(registry)
     async with EmbeddedLedger(data / "ledger.db", registry) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -106,46 +141,19 @@ async def embedded_door(
         async def ready() -> dict[str, bool]:
             return {"executor": all(w.failed is None for w in runtime.workers)}
 
-        yield FrontDoor(
-            ledger.client,
-            SqliteCalls(ledger.log.conn),
-            tool_infos(registry),
-            tokens if tokens is not None else TokenStore([]),
-            ready,
-            limiter=limiter,
-            authenticator=auth,
-        )
+        yield door(ledger.client, SqliteCalls(ledger.log.conn), ready)
 
 
 @contextlib.asynccontextmanager
 async def distributed_door(
-    kafka: str,
-    postgres: str,
-    prefix: str,
-    partitions: int,
-    registry: ToolRegistry,
-    tokens: TokenStore | None,
-    *,
-    jwks: Path | None = None,
-    issuer: str | None = None,
-    audience: str | Sequence[str] | None = None,
-    policy: Path | None = None,
-    jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
-    jwt_claims: ClaimNames | None = None,
+    kafka: str, postgres: str, topics: Topics, registry: ToolRegistry, security: Security
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of the Kafka + PostgreSQL backend. :class:`ConfigError` (before anything
-    is opened) if the JWT settings or the policy are not usable."""
-    from producers.client import LedgerClient
+    """The front door of the Kafka + PostgreSQL backend."""
     from producers.kafka import KafkaTransport
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
-    from schemas.topics import Topics
     from toolledger.kafka_admin import ensure_topics
 
-    auth = authenticator(
-        tokens, jwks, issuer, audience, algorithms=jwt_algorithms, claims=jwt_claims
-    )
-    limiter = rate_limiter(registry, policy)
-    topics = Topics(prefix, partitions)
+    door = security.build(registry)
     await ensure_topics(kafka, topics)
     await migrate(postgres)
     transport = KafkaTransport(kafka, topics)
@@ -162,17 +170,24 @@ async def distributed_door(
                     database = False
                 return {"postgres": database, "kafka": transport.running}
 
-            yield FrontDoor(
-                LedgerClient(transport),
-                calls,
-                tool_infos(registry),
-                tokens if tokens is not None else TokenStore([]),
-                ready,
-                limiter=limiter,
-                authenticator=auth,
-            )
+            yield door(LedgerClient(transport), calls, ready)
     finally:
         await transport.stop()
+
+
+def open_door(
+    registry: ToolRegistry,
+    security: Security,
+    *,
+    data: Path,
+    kafka: str | None,
+    postgres: str | None,
+    topics: Topics,
+) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
+    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
+    if kafka is not None and postgres is not None:
+        return distributed_door(kafka, postgres, topics, registry, security)
+    return embedded_door(data, registry, security)
 
 
 async def serve(door: FrontDoor, host: str, port: int) -> None:

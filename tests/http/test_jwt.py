@@ -69,10 +69,10 @@ registry = load_tools("helpdesk", data / "helpdesk.db")
 path = lambda name: Path(o[name]) if o.get(name) else None
 
 async def main():
-    door = serve.embedded_door(
-        data, registry, TokenStore.load(Path(o["tokens"])), jwks=path("jwks"),
+    door = serve.embedded_door(data, registry, serve.Security(
+        TokenStore.load(Path(o["tokens"])), jwks=path("jwks"),
         issuer=o.get("issuer"), audience=o.get("audience"), policy=path("policy"),
-    )
+    ))
     async with door as front:
         await serve.serve(front, "127.0.0.1", o["port"])
 
