@@ -54,15 +54,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 from rich.table import Table
 
+from bench.common import new_progress, write_result
 from processors.ledger import NotHappened, ReconcileOutcome
 from processors.tools.manifest import EffectClass, RiskTier, Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
@@ -353,15 +350,11 @@ def run_raw(sample: RowSample, n: int, *, window: int, warmup: int, synchronous:
 # -- driver -----------------------------------------------------------------------------------
 
 
-def new_progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description:<26}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), console=console)
 
 
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     base = Path(args.tmp_dir) if args.tmp_dir else None
-    with new_progress(console) as progress:
+    with new_progress(console, 26) as progress:
         distinct = await run_ledger(
             plan_distinct(args.calls, "k"), window=args.window, warmup=args.warmup,
             synchronous=args.synchronous, base=base, progress=progress,
@@ -461,7 +454,7 @@ def profile(args: argparse.Namespace, console: Console) -> None:
     """One 0%-duplicate run under cProfile; prints the top 15 by cumulative and by own time."""
     base = Path(args.tmp_dir) if args.tmp_dir else None
     profiler = cProfile.Profile()
-    with new_progress(console) as progress:
+    with new_progress(console, 26) as progress:
         profiler.enable()
         run = asyncio.run(run_ledger(
             plan_distinct(args.profile_calls, "p"), window=args.window, warmup=args.warmup,
@@ -496,10 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     result = asyncio.run(measure(args, console))
     show(result, console)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    write_result(result, args.out, console)
     if args.profile:
         profile(args, console)
     checks = result["meta"]["checks"]

@@ -90,15 +90,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console, JustifyMethod
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 from rich.table import Table
 
+from bench.common import new_progress, write_result
 from bench.embedded import TOOL, Counter, make_registry
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
@@ -716,10 +713,6 @@ def ledger_counts(path: Path) -> dict[str, int]:
 # -- runs ---------------------------------------------------------------------------------------
 
 
-def new_progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), console=console)
 
 
 @dataclass
@@ -840,7 +833,7 @@ def version(name: str) -> str | None:
 
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     base = Path(args.tmp_dir) if args.tmp_dir else None
-    with scratch_dir(base) as work, new_progress(console) as progress:
+    with scratch_dir(base) as work, new_progress(console, 24) as progress:
         (work / "ledger").mkdir()
         (work / "bare").mkdir()
         ledger = await run_ledger(args, work / "ledger", progress)
@@ -1007,7 +1000,7 @@ def profile(args: argparse.Namespace, console: Console) -> None:
     base = Path(args.tmp_dir) if args.tmp_dir else None
     args = argparse.Namespace(**{**vars(args), "requests": args.profile_requests})
     with scratch_dir(base) as work:
-        with new_progress(console) as progress:
+        with new_progress(console, 24) as progress:
             run = asyncio.run(run_ledger(args, work, progress, profile=True, label="profile: "))
         passed = run.first_checks.passed and run.replay_checks.passed
         console.print(
@@ -1054,10 +1047,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = asyncio.run(measure(args, console))
     result["meta"]["git"] = tree
     show(result, console)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    write_result(result, args.out, console)
     if args.profile:
         profile(args, console)
     checks = result["meta"]["checks"]

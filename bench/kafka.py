@@ -81,7 +81,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import aiokafka
@@ -94,15 +93,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 from rich.table import Table
 
+from bench.common import new_progress, write_result
 from processors.ledger import NotHappened, ReconcileOutcome
 from processors.pipeline import Stages
 from processors.runtime.kafka import KafkaExecutor
@@ -985,10 +981,6 @@ async def sample_sizes(bootstrap: str, names: Mapping[str, str]) -> dict[str, fl
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def new_progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description:<30}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), console=console)
 
 
 async def sequential(one: OneCall, n: int, progress: Progress, task: TaskID) -> list[float]:
@@ -1025,7 +1017,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         return lambda one: closed_loop(one, n, inflight, progress, task, unit)
 
     try:
-        with new_progress(console) as progress:
+        with new_progress(console, 30) as progress:
             # -- the ledger: throughput, then latency at half of it, then idle latency
             ledger = await start_ledger(args.executor, bootstrap, topics, args.record_bytes)
             warnings_at["ledger_started"] = WARNINGS.produce_retries()
@@ -1265,7 +1257,7 @@ async def profile_e2e(args: argparse.Namespace, console: Console) -> None:
     profiler = (cProfile.Profile(time.process_time) if args.profile_clock == "cpu"
                 else cProfile.Profile())
     try:
-        with new_progress(console) as progress:
+        with new_progress(console, 30) as progress:
             ledger = await start_ledger("inprocess", bootstrap, topics, args.record_bytes)
             try:
                 task = progress.add_task("profile warm-up", total=args.warmup, rate="")
@@ -1354,10 +1346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     result = asyncio.run(measure(args, console))
     show(result, console)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
-    console.print(f"wrote {out}")
+    write_result(finite(result), args.out, console)
     if args.profile:
         asyncio.run(profile_e2e(args, console))
     return 0 if all(c["passed"] for c in result["meta"]["checks"].values()) else 1
