@@ -144,7 +144,7 @@ async def _positions(
 # -------------------------------------------------------------------------------- backoff
 
 
-class _Backoff:
+class Backoff:
     """Bounded exponential backoff with full jitter."""
 
     def __init__(self, initial: float, maximum: float) -> None:
@@ -161,7 +161,7 @@ class _Backoff:
         await asyncio.sleep(delay)
 
 
-async def _retrying(what: str, op: Callable[[], Awaitable[T]], backoff: _Backoff) -> T:
+async def _retrying(what: str, op: Callable[[], Awaitable[T]], backoff: Backoff) -> T:
     """``op()`` until it does not raise a retriable :class:`ProjectionError`."""
     while True:
         try:
@@ -217,7 +217,7 @@ class KafkaProjector:
         self._projection = projection
         self._batch_max = batch_max
         self._poll_timeout_ms = poll_timeout_ms
-        self._backoff = _Backoff(backoff_initial, backoff_max)
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._consumer_config: dict[str, Any] = {
             "bootstrap_servers": bootstrap,
             "group_id": topics.projector_group,
@@ -417,7 +417,7 @@ async def rebuild(
     """Empty the projection and re-apply ``outcomes`` and ``dead-letters`` from the beginning
     to their end offsets (as of the start), writing the positions of the projector group, so a
     projector started afterwards continues from there. Stop the projectors before calling."""
-    backoff = _Backoff(backoff_initial, backoff_max)
+    backoff = Backoff(backoff_initial, backoff_max)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
