@@ -30,6 +30,7 @@ from processors.ledger import (
     Execute,
     Failure,
     Found,
+    FoundFailed,
     Inconclusive,
     ReconcileFinished,
     ReconcileOutcome,
@@ -52,11 +53,12 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.keys import InvalidIdempotencyKey, call_id_of, check_idempotency_key
+from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_of, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
+DEFAULT_MAX_RESULT_BYTES = 512 << 10  # well under Kafka's default 1 MiB record limit
 
 
 class CallPort(Protocol):
@@ -112,6 +114,7 @@ class Stages:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         authorize: Authorizer | None = None,
     ) -> None:
         self.registry = registry
@@ -119,6 +122,7 @@ class Stages:
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.max_argument_bytes = max_argument_bytes
+        self.max_result_bytes = max_result_bytes
         self.authorize = authorize or scope_check
 
     # -- stage 1 and 2: parse, validate, authorise --------------------------------------------
@@ -135,6 +139,9 @@ class Stages:
                 field_errors=list(fields),
             )
 
+        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+            # never trust the record's call key: it decides whose stored outcome answers
+            return reject(ErrorCode.VALIDATION_FAILED, "The intent's call key does not match it.")
         tool = self.registry.get(env.tool)
         if tool is None:
             return reject(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {env.tool!r}.")
@@ -174,19 +181,30 @@ class Stages:
                 f"{len(fields)} argument(s) of {tool.name} are invalid.",
                 fields,
             )
-        denied = self.authorize(intent, tool)
+        try:
+            denied = self.authorize(intent, tool)
+        except Exception as exc:
+            log.exception("authorizer failed", extra={"tool": tool.name})
+            denied = ErrorInfo.of(
+                ErrorCode.INTERNAL, f"Authorization failed ({type(exc).__name__})."
+            )
         if denied is not None:
             return ToolCallRejected(
                 envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
                 error=denied,
             )
         validated = arguments.model_dump(mode="json")
+        try:
+            digest = args_digest(validated)
+            redacted = self.redactor.redacted_json(validated, tool.redact_fields)
+        except CanonicalJsonError as exc:
+            return reject(
+                ErrorCode.VALIDATION_FAILED, f"The arguments have no canonical form: {exc}"
+            )
         context = CallContext.of(env).model_copy(
-            update={"tool_version": tool.version, "args_digest": args_digest(validated)}
+            update={"tool_version": tool.version, "args_digest": digest}
         )
-        return Admitted(
-            tool, arguments, context, self.redactor.redacted_json(validated, tool.redact_fields)
-        )
+        return Admitted(tool, arguments, context, redacted)
 
     # -- the driver: one intent, from decision to final outcome -------------------------------
 
@@ -291,6 +309,10 @@ class Stages:
             return Failure(exc.info)
         except TimeoutError:
             return TimedOut(f"No answer from {tool.name} within {tool.timeout_s:g} s.")
+        except asyncio.CancelledError:
+            if _really_cancelled():
+                raise
+            return TimedOut(f"{tool.name} was cancelled from inside after dispatch.")
         except Exception as exc:  # the effect may have happened before it raised
             log.warning(
                 "handler raised",
@@ -298,7 +320,7 @@ class Stages:
             )
             return TimedOut(f"{tool.name} raised {type(exc).__name__} after dispatch.")
         try:
-            return _normalise(tool, returned)
+            return _normalise(tool, returned, self.max_result_bytes)
         except (ValidationError, CanonicalJsonError) as exc:
             log.warning(
                 "handler returned an invalid result",
@@ -310,9 +332,19 @@ class Stages:
         assert tool.reconcile is not None
         try:
             async with asyncio.timeout(tool.timeout_s):
-                return await tool.reconcile(self._tool_context(tool, ctx, 0))
+                found = await tool.reconcile(self._tool_context(tool, ctx, 0))
+            if isinstance(found, Found):
+                size = len(found.result_json.encode("utf-8"))
+                if size > self.max_result_bytes:
+                    error = _too_large(size, self.max_result_bytes, found.downstream_request_id)
+                    return FoundFailed(error)
+            return found
         except TimeoutError:
             return Inconclusive(f"reconcile query {n} got no answer within {tool.timeout_s:g} s")
+        except asyncio.CancelledError:
+            if _really_cancelled():
+                raise
+            return Inconclusive(f"reconcile query {n} was cancelled from inside")
         except Exception as exc:
             return Inconclusive(f"reconcile query {n} raised {type(exc).__name__}")
 
@@ -345,7 +377,9 @@ class Stages:
         )
 
 
-def _normalise(tool: Tool, returned: BaseModel | HandlerResult) -> Success:
+def _normalise(
+    tool: Tool, returned: BaseModel | HandlerResult, max_bytes: int
+) -> Success | Failure:
     request_id = None
     if isinstance(returned, HandlerResult):
         request_id = returned.downstream_request_id
@@ -355,7 +389,27 @@ def _normalise(tool: Tool, returned: BaseModel | HandlerResult) -> Success:
     model = tool.result.model_validate(
         value.model_dump() if isinstance(value, BaseModel) else value
     )
-    return Success(canonical_json(model.model_dump(mode="json")), request_id)
+    result_json = canonical_json(model.model_dump(mode="json"))
+    if len(result_json.encode("utf-8")) > max_bytes:
+        return Failure(_too_large(len(result_json.encode("utf-8")), max_bytes, request_id))
+    return Success(result_json, request_id)
+
+
+def _too_large(size: int, max_bytes: int, request_id: str | None) -> ErrorInfo:
+    # The effect happened, so this is final: running it again would do it twice.
+    return ErrorInfo.of(
+        ErrorCode.INTERNAL,
+        f"The tool's result has {size} bytes; the ledger stores at most {max_bytes}. The "
+        f"effect happened (downstream request id {request_id or 'unknown'}).",
+        retryable=False,
+        suggested_action="Do not retry: ask the tool's owner to return a reference instead.",
+    )
+
+
+def _really_cancelled() -> bool:
+    """Whether this task is being cancelled (not a CancelledError raised by a handler)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def scope_check(intent: ToolCallRequested, tool: Tool) -> ErrorInfo | None:

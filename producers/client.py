@@ -160,7 +160,15 @@ class LedgerClient:
                 f"The arguments are not a JSON document: {exc}",
                 call_id,
             )
-        if len(arguments_json.encode("utf-8")) > self._max_argument_bytes:
+        try:
+            size = len(arguments_json.encode("utf-8"))
+        except UnicodeEncodeError:
+            return _refused(
+                ErrorCode.VALIDATION_FAILED,
+                "The arguments contain a lone surrogate: it is not valid Unicode text.",
+                call_id,
+            )
+        if size > self._max_argument_bytes:
             return _refused(
                 ErrorCode.PAYLOAD_TOO_LARGE,
                 f"The arguments exceed {self._max_argument_bytes} bytes.",

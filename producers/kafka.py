@@ -88,22 +88,36 @@ class KafkaTransport:
         await self._listener.stop()
 
     async def _listen(self) -> None:
+        """Runs for the transport's lifetime: a failed poll is logged and retried with backoff
+        (the consumer keeps its position), so callers are never left waiting on a dead loop."""
+        delay = 0.1
         while True:
-            batches = await self._listener.getmany(timeout_ms=200, max_records=1000)
-            for records in batches.values():
-                for record in records:
-                    headers = dict(record.headers or ())
-                    if headers.get(ANSWER_HEADER) == b"0":
-                        continue  # not an answer (e.g. Started): no need to decode it
-                    intent_id = headers.get(INTENT_ID_HEADER, b"").decode()
-                    if not self.outcomes.is_waiting(intent_id):
-                        continue
-                    try:
-                        event = decode(record.value or b"")
-                    except CodecError as exc:
-                        log.error(
-                            "undecodable outcome",
-                            extra={"offset": record.offset, "error": str(exc)},
-                        )
-                        continue
-                    self.outcomes.publish([event])
+            try:
+                await self._listen_once()
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("outcome listener error; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _listen_once(self) -> None:
+        batches = await self._listener.getmany(timeout_ms=200, max_records=1000)
+        for records in batches.values():
+            for record in records:
+                headers = dict(record.headers or ())
+                if headers.get(ANSWER_HEADER) == b"0":
+                    continue  # not an answer (e.g. Started): no need to decode it
+                intent_id = headers.get(INTENT_ID_HEADER, b"").decode()
+                if not self.outcomes.is_waiting(intent_id):
+                    continue
+                try:
+                    event = decode(record.value or b"")
+                except CodecError as exc:
+                    log.error(
+                        "undecodable outcome",
+                        extra={"offset": record.offset, "error": str(exc)},
+                    )
+                    continue
+                self.outcomes.publish([event])

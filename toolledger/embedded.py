@@ -77,12 +77,14 @@ class EmbeddedLedger:
         await self.runtime.send(intent)
 
     async def close(self) -> None:
-        if self.runtime is not None:
-            await self.runtime.stop()
+        try:
+            if self.runtime is not None:
+                await self.runtime.stop()
+        finally:
             self.runtime = None
-        if self.log is not None:
-            self.log.close()
-            self.log = None
+            if self.log is not None:
+                self.log.close()  # releases the file lock, whatever happened above
+                self.log = None
 
     async def __aenter__(self) -> EmbeddedLedger:
         return await self.start()

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 
 from processors.ledger import CallState
 from processors.pipeline import Stages
-from processors.runtime.partition import CommitBatch, PartitionWorker
+from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
 from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
 from schemas.codec import encode
 from schemas.events import Event, ToolCallRequested
 from schemas.keys import partition_for
 from schemas.topics import partition_key
+
+log = logging.getLogger("toolledger.embedded")
 
 
 class _Writer:
@@ -112,21 +115,23 @@ class EmbeddedRuntime:
 
     async def start(self) -> None:
         self._writer_task = asyncio.create_task(self._writer.run())
-        store = _Store(self.log, self._writer)
-        for partition in range(self.log.partitions):
-            worker = PartitionWorker(
-                partition,
-                self.log.position(EXECUTOR, INTENTS, partition),
-                store,
-                self._stages,
-                epoch=self.log.epoch,
-                concurrency=self._concurrency,
-                on_committed=self._on_committed,
-                sweep_interval_s=self._sweep_interval_s,
-            )
-            await worker.start()
-            self.workers.append(worker)
-        self._readers = [asyncio.create_task(self._read(w)) for w in self.workers]
+        self.workers = [await self._new_worker(p) for p in range(self.log.partitions)]
+        self._readers = [asyncio.create_task(self._read(p)) for p in range(self.log.partitions)]
+
+    async def _new_worker(self, partition: int) -> PartitionWorker:
+        """A worker from what is durable: the stored states and position (PENDING -> UNKNOWN)."""
+        worker = PartitionWorker(
+            partition,
+            self.log.position(EXECUTOR, INTENTS, partition),
+            _Store(self.log, self._writer),
+            self._stages,
+            epoch=self.log.epoch,
+            concurrency=self._concurrency,
+            on_committed=self._on_committed,
+            sweep_interval_s=self._sweep_interval_s,
+        )
+        await worker.start()
+        return worker
 
     async def send(self, intent: ToolCallRequested) -> None:
         """Append an intent; returns once it is durable in the log."""
@@ -155,7 +160,7 @@ class EmbeddedRuntime:
         for task in self._readers:
             task.cancel()
         for task in self._readers:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(BaseException):
                 await task
         for worker in self.workers:
             await worker.stop()
@@ -164,7 +169,24 @@ class EmbeddedRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer_task
 
-    async def _read(self, worker: PartitionWorker) -> None:
+    async def _read(self, partition: int) -> None:
+        """Feed the partition's worker; a worker whose write failed is replaced by a new one
+        started from the stored state and position, so a transient SQLite error does not stop
+        the partition for good."""
+        delay = 0.1
+        while True:
+            worker = self.workers[partition]
+            await self._feed_until_failed(worker)
+            log.warning("partition failed; restarting it", extra={"partition": partition})
+            await worker.stop()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                self.workers[partition] = await self._new_worker(partition)
+            except Exception:
+                log.exception("restarting the partition failed", extra={"partition": partition})
+
+    async def _feed_until_failed(self, worker: PartitionWorker) -> None:
         arrived = self._arrived[worker.partition]
         next_offset = worker.position
         while worker.failed is None:
@@ -174,5 +196,8 @@ class EmbeddedRuntime:
                 await arrived.wait()
                 continue
             for offset, value in batch:
-                await worker.feed(offset, value)
+                try:
+                    await worker.feed(offset, value)
+                except PartitionFailed:
+                    return
                 next_offset = offset + 1

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from processors.ledger import CallState
 from processors.pipeline import Stages
-from processors.runtime.partition import CommitBatch, PartitionWorker
+from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -157,6 +157,7 @@ class KafkaExecutor:
         self._on_committed = on_committed
         self._client_id = client_id
         longest = max((tool.timeout_s for tool in stages.registry), default=0.0)
+        self._longest_timeout_s = longest
         if longest * 1000 >= session_timeout_ms:
             # A paused owner's in-flight handler must be past its deadline before another
             # owner can take the partition over (one session timeout) and run the call again.
@@ -181,13 +182,15 @@ class KafkaExecutor:
             isolation_level="read_committed",
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(100, self._session_timeout_ms // 5),
-            max_poll_interval_ms=max(60_000, self._session_timeout_ms * 3),
+            max_poll_interval_ms=max(
+                60_000, self._session_timeout_ms * 3, int((self._longest_timeout_s + 5) * 2000)
+            ),
         )
         await self._consumer.start()
         self._consumer.subscribe([self.topics.intents], listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._run())
 
-    async def stop(self, *, drain_s: float = 10.0) -> None:
+    async def stop(self, *, drain_s: float | None = None) -> None:
         """Graceful: stop reading, let running calls finish (bounded), release partitions."""
         if self._loop_task is not None:
             self._loop_task.cancel()
@@ -232,9 +235,15 @@ class KafkaExecutor:
     async def _acquire(self, partitions: Sequence[int]) -> None:
         """Take partitions over; one that cannot be taken now is retried by the loop."""
         async with self._lock:
+            assert self._consumer is not None
+            assigned = {
+                tp.partition
+                for tp in self._consumer.assignment()
+                if tp.topic == self.topics.intents
+            }
             for p in partitions:
-                if p in self.owned:
-                    continue
+                if p in self.owned or p not in assigned:
+                    continue  # taking over a partition not assigned to us would fence its owner
                 try:
                     self.owned[p] = await self._take_over(p)
                     self._unowned.discard(p)
@@ -261,6 +270,7 @@ class KafkaExecutor:
             retry_backoff_ms=10,
         )
         await producer.start()  # init_transactions: fences the previous owner
+        worker: PartitionWorker | None = None
         try:
             states = await restore_states(self.bootstrap, self.topics, p)
             tp = TopicPartition(self.topics.intents, p)
@@ -276,25 +286,39 @@ class KafkaExecutor:
                 sweep_interval_s=self._sweep_interval_s,
             )
             await worker.start()  # PENDING -> UNKNOWN, committed before any intent is read
+            self._consumer.seek(tp, position)
         except BaseException:
+            if worker is not None:
+                await worker.stop()
             with contextlib.suppress(Exception):
                 await producer.stop()
             raise
-        self._consumer.seek(tp, position)
         log.info(
             "partition acquired", extra={"partition": p, "position": position, "keys": len(states)}
         )
         return _Owned(producer, worker)
 
-    async def _release(self, partitions: Sequence[int], *, drain_s: float = 10.0) -> None:
+    async def _release(self, partitions: Sequence[int], *, drain_s: float | None = None) -> None:
+        """Give partitions up. Running calls are let finish first, all partitions together,
+        for as long as the longest tool timeout: a handler cannot outlive it, so no call of a
+        released partition is still running when its new owner reconciles it."""
         async with self._lock:
+            released = []
             for p in partitions:
                 self._unowned.discard(p)
                 owned = self.owned.pop(p, None)
-                if owned is None:
-                    continue
+                if owned is not None:
+                    released.append((p, owned))
+            wait = self._longest_timeout_s + 1.0 if drain_s is None else drain_s
+            if released and wait > 0:
                 with contextlib.suppress(Exception, TimeoutError):
-                    await asyncio.wait_for(owned.worker.drain(), drain_s)
+                    await asyncio.wait_for(
+                        asyncio.gather(
+                            *(o.worker.drain() for _, o in released), return_exceptions=True
+                        ),
+                        wait,
+                    )
+            for p, owned in released:
                 await owned.worker.stop()
                 with contextlib.suppress(Exception):
                     await owned.producer.stop()
@@ -322,18 +346,35 @@ class KafkaExecutor:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    async def _feed(self, partition: int, owner: _Owned | None, records: Sequence[Any]) -> None:
+        """Feed one partition's fetched records to the worker that owned it at fetch time.
+
+        Records fetched for a worker that has since been replaced are dropped: the new worker
+        seeked to the committed position and reads them again. A worker that fails stops
+        taking records; re-acquiring it seeks back, so nothing fetched is lost."""
+        for record in records:
+            if owner is None or self.owned.get(partition) is not owner:
+                return
+            if owner.worker.failed is not None:
+                return
+            try:
+                await owner.worker.feed(record.offset, record.value or b"")
+            except PartitionFailed:
+                return
+            except Exception as exc:  # a bug: stop this partition, re-acquiring seeks back
+                log.exception("feeding failed", extra={"partition": partition})
+                owner.worker.fail(exc)
+                return
+
     async def _run(self) -> None:
         assert self._consumer is not None
         while True:
             try:
                 await self._reacquire()
+                fetched_by = dict(self.owned)
                 batches = await self._consumer.getmany(timeout_ms=100, max_records=500)
                 for tp, records in batches.items():
-                    owned = self.owned.get(tp.partition)
-                    if owned is None or owned.worker.failed is not None:
-                        continue  # not ours any more, or being re-acquired (it seeks back)
-                    for record in records:
-                        await owned.worker.feed(record.offset, record.value or b"")
+                    await self._feed(tp.partition, fetched_by.get(tp.partition), records)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from processors.ledger import CallState, Recover, decide, evolve
 from processors.pipeline import Stages
@@ -74,15 +74,18 @@ class _Watermark:
         self._inflight: deque[list[int | bool]] = deque()
 
     def fed(self, offset: int) -> None:
+        last = int(self._inflight[-1][0]) if self._inflight else self.position - 1
+        if offset <= last:
+            raise ValueError(f"offset {offset} fed after {last}: input must only move forward")
         self._inflight.append([offset, False])
 
     def done(self, offset: int) -> None:
         for item in self._inflight:
-            if item[0] == offset:
+            if item[0] == offset and not item[1]:
                 item[1] = True
                 break
         while self._inflight and self._inflight[0][1]:
-            self.position = int(self._inflight.popleft()[0]) + 1
+            self.position = max(self.position, int(self._inflight.popleft()[0]) + 1)
 
 
 class PartitionWorker:
@@ -109,7 +112,8 @@ class PartitionWorker:
         self._on_committed = on_committed
         self._sweep_interval_s = sweep_interval_s
         self._watermark = _Watermark(position)
-        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._tails: dict[str, asyncio.Task[None]] = {}  # the last task of each key's chain
+        self._tasks: set[asyncio.Task[None]] = set()  # every task still running
         self._queue: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._failed: BaseException | None = None
@@ -153,13 +157,22 @@ class PartitionWorker:
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._sweeper()),
         ]
+        for task in self._background:
+            task.add_done_callback(self._watch)
 
     async def feed(self, offset: int, value: bytes) -> None:
         """Hand over the next input record; returns once it is scheduled (back-pressure)."""
         if self._failed is not None:
             raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
         await self._sem.acquire()
-        self._watermark.fed(offset)
+        if self._failed is not None:  # failed or stopped while we waited for a permit
+            self._sem.release()
+            raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
+        try:
+            self._watermark.fed(offset)
+        except ValueError:
+            self._sem.release()
+            raise
         intent = self._decode(offset, value)
         if isinstance(intent, DeadLetter):
             self._spawn(f"dead:{offset}", self._dead_letter(intent))
@@ -178,7 +191,10 @@ class PartitionWorker:
         state = self.states.get(intent.call_key)
         if state is None:
             return False
-        admitted = self._stages.admit(intent)
+        try:
+            admitted = self._stages.admit(intent)
+        except Exception:  # admit answers bad input as data; anything else takes the chain
+            return False
         return (
             not isinstance(admitted, ToolCallRejected)
             and admitted.context.args_digest != state.args_digest
@@ -192,12 +208,15 @@ class PartitionWorker:
             raise PartitionFailed(f"partition {self.partition} stopped") from self._failed
 
     async def stop(self) -> None:
-        for task in [*self._tails.values(), *self._background]:
+        """Cancel everything this worker runs: every spawned task, not only the last one of
+        each key's chain (an earlier one left running would race the partition's next owner)."""
+        self._fail(PartitionFailed("stopped"))
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tails.values(), *self._background]:
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        self._fail(PartitionFailed("stopped"))
 
     # -- internals ------------------------------------------------------------------------
 
@@ -225,14 +244,14 @@ class PartitionWorker:
         )
         await self.commit((), letter.offset, dead_letter=letter)
 
-    def _spawn(self, chain: str, work: object) -> None:
+    def _spawn(self, chain: str, work: Coroutine[Any, Any, None]) -> None:
         previous = self._tails.get(chain)
 
         async def run() -> None:
             try:
                 if previous is not None:
                     await asyncio.wait([previous])
-                await work  # type: ignore[misc]
+                await work
             except PartitionFailed:
                 pass
             except asyncio.CancelledError:
@@ -243,12 +262,15 @@ class PartitionWorker:
                 )
                 self._fail(exc)
             finally:
+                work.close()  # no-op if it ran; stops a never-started one from leaking
                 self._sem.release()
+                self._tasks.discard(task)
                 if self._tails.get(chain) is task:
                     del self._tails[chain]
 
         task = asyncio.create_task(run())
         self._tails[chain] = task
+        self._tasks.add(task)
 
     async def commit(
         self,
@@ -309,7 +331,20 @@ class PartitionWorker:
 
     def _notify(self, events: Sequence[Event]) -> None:
         if self._on_committed is not None and events:
-            self._on_committed(events)
+            try:
+                self._on_committed(events)
+            except Exception:  # a listener's bug must not stop the commits
+                log.exception("on_committed callback failed", extra={"partition": self.partition})
+
+    def _watch(self, task: asyncio.Task[None]) -> None:
+        """A background task that ends with an error stops the partition (never silently)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("partition background task died", extra={"partition": self.partition})
+            self._fail(task.exception() or RuntimeError("background task died"))
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop this worker: no more records, no more commits (its owner re-acquires)."""
+        self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         if self._failed is None:
@@ -328,7 +363,7 @@ class PartitionWorker:
                 tool = self._stages.registry.get(state.context.tool)
                 if tool is None or tool.reconcile is None:
                     continue
-                wait = min(60.0, 2.0**state.reconcile_attempts)
+                wait = min(60.0, 2.0 ** min(state.reconcile_attempts, 6))
                 if state.updated_at + timedelta(seconds=wait) > now or key in self._tails:
                     continue
                 await self._sem.acquire()
