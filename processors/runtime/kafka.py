@@ -371,8 +371,9 @@ class KafkaExecutor:
         while True:
             try:
                 await self._reacquire()
-                fetched_by = dict(self.owned)
                 batches = await self._consumer.getmany(timeout_ms=100, max_records=500)
+                # owners as of the fetch (a rebalance inside getmany seeks before it fetches)
+                fetched_by = dict(self.owned)
                 for tp, records in batches.items():
                     await self._feed(tp.partition, fetched_by.get(tp.partition), records)
             except asyncio.CancelledError:
