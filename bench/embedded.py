@@ -51,7 +51,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import (
     Progress,
@@ -59,17 +58,19 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from bench.common import new_progress, write_result
-from processors.ledger import NotHappened, ReconcileOutcome
-from processors.tools.manifest import EffectClass, RiskTier, Tool, ToolContext, ToolDescription
-from processors.tools.registry import ToolRegistry
+from bench.common import (
+    TOOL,
+    Counter,
+    make_registry,
+    new_progress,
+    write_result,
+)
 from producers.client import CallResult, TrustedContext
 from projections import sqlite as projection
 from schemas.codec import decode
 from schemas.events import ToolCallSucceeded
 from toolledger.embedded import EmbeddedLedger
 
-TOOL = "bench_noop"
 CONTEXT = TrustedContext(tenant_id="bench-tenant", principal="bench-agent")
 PARTITIONS = 4  # EmbeddedLedger's default; the raw baseline spreads rows the same way
 
@@ -90,39 +91,6 @@ _UPSERT_STATE = ("INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key)
 
 
 # -- the tool ---------------------------------------------------------------------------------
-
-
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    text: str
-
-
-class NoteAck(BaseModel):
-    ok: bool
-
-
-@dataclass
-class Counter:
-    invocations: int = 0
-
-
-def make_registry(counter: Counter) -> ToolRegistry:
-    async def handler(arguments: NoteArgs, ctx: ToolContext) -> NoteAck:
-        counter.invocations += 1
-        return NoteAck(ok=True)
-
-    async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
-        return NotHappened()
-
-    registry = ToolRegistry()
-    registry.register(Tool(
-        name=TOOL, version="1", arguments=NoteArgs, result=NoteAck, handler=handler,
-        description=ToolDescription(
-            summary="Does nothing (benchmark).", when_to_use="Benchmarks only.",
-            when_not_to_use="Anything real.", preconditions="None.",
-            replay_behaviour="A repeated key returns the first result without running again."),
-        effect=EffectClass.MUTATION, risk=RiskTier.LOW, reconcile=reconcile))
-    return registry
 
 
 # -- workloads --------------------------------------------------------------------------------

@@ -95,8 +95,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from bench.common import new_progress, write_result
-from bench.embedded import TOOL, Counter, make_registry
+from bench.common import TOOL, Counter, make_registry, new_progress, write_result
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key

@@ -90,7 +90,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import (
     Progress,
@@ -98,13 +97,16 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from bench.common import new_progress, write_result
-from processors.ledger import NotHappened, ReconcileOutcome
+from bench.common import (
+    TOOL,
+    Counter,
+    make_registry,
+    new_progress,
+    write_result,
+)
 from processors.pipeline import Stages
 from processors.runtime.kafka import KafkaExecutor
-from processors.tools.manifest import EffectClass, RiskTier, Tool, ToolContext, ToolDescription
 from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient, TrustedContext
 from producers.kafka import KafkaTransport
 from projections.postgres import ApplyResult, DeadLetter, PostgresProjection, migrate
@@ -115,7 +117,6 @@ from schemas.events import Event, ToolCallRequested
 from schemas.topics import Topics
 from toolledger.kafka_admin import ensure_topics
 
-TOOL = "bench_noop"
 CONTEXT = TrustedContext(tenant_id="bench-tenant", principal="bench-agent")
 PARTITIONS = 4
 SECRET = b"bench-kafka-redaction-secret-0123456789"
@@ -128,42 +129,6 @@ OneCall = Callable[[int], Awaitable[bool]]
 
 
 # -- the tool (as in bench/embedded.py, plus a timestamp of each handler run) --------------------
-
-
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    text: str
-
-
-class NoteAck(BaseModel):
-    ok: bool
-
-
-@dataclass
-class Counter:
-    invocations: int = 0
-    marks: dict[str, float] = field(default_factory=dict)  # idempotency key -> handler start
-
-
-def make_registry(counter: Counter, *, mark: bool) -> ToolRegistry:
-    async def handler(arguments: NoteArgs, ctx: ToolContext) -> NoteAck:
-        counter.invocations += 1
-        if mark:
-            counter.marks[ctx.idempotency_key] = time.perf_counter()
-        return NoteAck(ok=True)
-
-    async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
-        return NotHappened()
-
-    registry = ToolRegistry()
-    registry.register(Tool(
-        name=TOOL, version="1", arguments=NoteArgs, result=NoteAck, handler=handler,
-        description=ToolDescription(
-            summary="Does nothing (benchmark).", when_to_use="Benchmarks only.",
-            when_not_to_use="Anything real.", preconditions="None.",
-            replay_behaviour="A repeated key returns the first result without running again."),
-        effect=EffectClass.MUTATION, risk=RiskTier.LOW, reconcile=reconcile))
-    return registry
 
 
 # -- client-library warnings (aiokafka logs its retries as warnings) -------------------------------
