@@ -1,7 +1,7 @@
 """Access to the real services that ``services/with-services.sh`` starts for ``make test``.
 
-With ``TOOLLEDGER_REQUIRE_SERVICES=1`` (set by ``make test`` and CI) a missing broker or
-database fails the tests; without it (a quick local run) the service-bound tests are skipped.
+A test that needs them and does not find them fails: it never skips. ``make test-unit``
+deselects those tests (marker ``services``) for a quick run without services.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import psycopg
 import pytest
 
 from projections.postgres import migrate
-
-REQUIRED = os.environ.get("TOOLLEDGER_REQUIRE_SERVICES") == "1"
 
 
 def _reachable(host_port: str) -> bool:
@@ -28,10 +27,8 @@ def _reachable(host_port: str) -> bool:
         return False
 
 
-def unavailable(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"{reason} (TOOLLEDGER_REQUIRE_SERVICES=1: services are required)")
-    pytest.skip(f"{reason}; run 'make test' to start the real services")
+def unavailable(reason: str) -> NoReturn:
+    pytest.fail(f"{reason}: run 'make test', which starts the real services", pytrace=False)
 
 
 @dataclass

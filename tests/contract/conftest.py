@@ -9,12 +9,6 @@ import pytest
 
 from tests.contract.embedded import EmbeddedHarness
 from tests.contract.harness import Harness
-from tests.services import Services
-
-
-@pytest.fixture(scope="session")
-def services() -> Services:
-    return Services.from_env()
 
 
 @pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.services)])

@@ -12,11 +12,6 @@ from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
 
 
-@pytest.fixture(scope="session")
-def services() -> Services:
-    return Services.from_env()
-
-
 @pytest.fixture
 def cluster(services: Services, tmp_path: Path) -> Iterator[Cluster]:
     cluster = Cluster(services, tmp_path)

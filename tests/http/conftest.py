@@ -14,12 +14,6 @@ import httpx
 import pytest
 
 from tests.http.servers import ACME, Server, start_distributed, start_embedded
-from tests.services import Services
-
-
-@pytest.fixture(scope="session")
-def services() -> Services:
-    return Services.from_env()
 
 
 @pytest.fixture(
