@@ -6,8 +6,6 @@ own topics and fresh schemas (``search_path`` in the DSN).
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -36,13 +34,12 @@ from schemas.events import (
 )
 from schemas.keys import CallKey
 from schemas.topics import Topics
-from tests.integration.test_postgres_projection import produce
+from tests.integration.test_postgres_projection import eventually, produce, step
 from toolledger.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.services
 
 T0 = datetime(2025, 3, 1, 9, 0, 0, tzinfo=UTC)
-STEP_TIMEOUT_S = 60.0
 
 
 # --------------------------------------------------------------------------------- events
@@ -114,23 +111,6 @@ def expected_calls(events: Sequence[Event]) -> list[dict[str, Any]]:
 
 def chunked(events: Sequence[Event], size: int) -> list[Sequence[Event]]:
     return [events[i : i + size] for i in range(0, len(events), size)]
-
-
-async def step(what: str, awaitable: Awaitable[Any], limit_s: float = STEP_TIMEOUT_S) -> Any:
-    try:
-        return await asyncio.wait_for(awaitable, limit_s)
-    except TimeoutError:
-        pytest.fail(f"timed out after {limit_s:.0f} s: {what}", pytrace=False)
-
-
-async def eventually(
-    what: str, check: Callable[[], Awaitable[bool]], limit_s: float = STEP_TIMEOUT_S
-) -> None:
-    deadline = time.monotonic() + limit_s
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {limit_s:.0f} s: {what}", pytrace=False)
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
