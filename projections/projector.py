@@ -37,6 +37,7 @@ from projections.postgres import (
     DeadLetter,
     PostgresProjection,
     ProjectionError,
+    ProjectionUnavailable,
 )
 from projections.rows import Position
 from schemas.codec import CodecError, decode
@@ -296,7 +297,10 @@ class KafkaProjector:
         if not partitions:
             return False
         end = await self._consumer.end_offsets([TopicPartition(outcomes, p) for p in partitions])
-        stored = await self._projection.positions(self.name, outcomes)
+        try:
+            stored = await self._projection.positions(self.name, outcomes)
+        except ProjectionUnavailable:
+            return False  # the database is away: not caught up (the loop retries the batch)
         return all(stored.get(tp.partition, 0) >= offset for tp, offset in end.items())
 
     # -------------------------------------------------------------------- rebalance
