@@ -628,7 +628,7 @@ class TimedTransport(KafkaTransport):
         super().__init__(bootstrap, topics)
         self.acked: dict[str, float] = {}
 
-    async def send(self, intent: ToolCallRequested) -> None:
+    async def send(self, intent: Event) -> None:
         await super().send(intent)
         self.acked[intent.envelope.idempotency_key] = time.perf_counter()
 

@@ -10,6 +10,7 @@ A runtime supplies a :class:`CallPort` per intent: the current state of call key
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -22,15 +23,19 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from processors.ledger import (
+    ApprovalGate,
     AttemptFinished,
     AttemptOutcome,
     CallContext,
     CallState,
+    ChangeSwitch,
+    DecideApproval,
     Decision,
     Execute,
     Failure,
     Found,
     FoundFailed,
+    Gate,
     Inconclusive,
     ReconcileFinished,
     ReconcileOutcome,
@@ -40,12 +45,16 @@ from processors.ledger import (
     TimedOut,
     decide,
 )
-from processors.tools.manifest import HandlerResult, Tool, ToolContext, ToolError
+from processors.ledger.governance import ANY, ApprovalBook, Switch, SwitchEvent, token_digest
+from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    Envelope,
     Event,
     FailureDisposition,
     ToolCallFailed,
@@ -59,6 +68,7 @@ log = logging.getLogger("toolledger.executor")
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 DEFAULT_MAX_RESULT_BYTES = 512 << 10  # well under Kafka's default 1 MiB record limit
+DEFAULT_APPROVAL_REQUEST_TTL = timedelta(hours=24)
 
 
 class CallPort(Protocol):
@@ -67,6 +77,11 @@ class CallPort(Protocol):
     epoch: int
 
     def state(self, call_key: str) -> CallState | None: ...
+
+    def approvals(self, call_key: str) -> ApprovalBook | None: ...
+
+    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
+        """The kill switch that keeps ``tool`` off for ``tenant_id``, if one is in force."""
 
     async def commit(self, events: Sequence[Event], *, final: bool) -> None:
         """Durably append ``events`` (and the states they lead to) or raise.
@@ -116,6 +131,7 @@ class Stages:
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         authorize: Authorizer | None = None,
+        approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     ) -> None:
         self.registry = registry
         self.redactor = redactor
@@ -124,6 +140,7 @@ class Stages:
         self.max_argument_bytes = max_argument_bytes
         self.max_result_bytes = max_result_bytes
         self.authorize = authorize or scope_check
+        self.approval_request_ttl = approval_request_ttl
 
     # -- stage 1 and 2: parse, validate, authorise --------------------------------------------
 
@@ -225,9 +242,60 @@ class Stages:
                 policy=admitted.tool.policy,
                 now=intent.envelope.occurred_at,
                 epoch=port.epoch,
+                gate=self._gate(intent, admitted, port),
             ),
         )
         await self._drive(admitted, decision, port, by_intent=True)
+
+    def _gate(self, intent: ToolCallRequested, admitted: Admitted, port: CallPort) -> Gate:
+        """Kill switch and approval, for the core to apply after the idempotency decision."""
+        tool, ctx = admitted.tool, admitted.context
+        disabled = _switched_off(port, ctx)
+        try:
+            needs_approval = tool.needs_approval(admitted.arguments)
+        except Exception:  # a broken rule must not let an unapproved call through
+            log.exception("approval rule failed; approval required", extra={"tool": tool.name})
+            needs_approval = True
+        if not needs_approval:
+            return Gate(disabled=disabled)
+        token = intent.approval_token
+        return Gate(
+            disabled=disabled,
+            approval=ApprovalGate(
+                book=port.approvals(ctx.call_key),
+                token_digest=token_digest(token) if token else None,
+                new_approval_id="apr_" + hashlib.sha256(ctx.intent_id.encode()).hexdigest()[:24],
+                impact_json=canonical_json(self._impact(tool, admitted.arguments).to_json()),
+                request_ttl=self.approval_request_ttl,
+            ),
+        )
+
+    @staticmethod
+    def _impact(tool: Tool, arguments: BaseModel) -> Impact:
+        try:
+            return tool.impact(arguments)
+        except Exception:
+            log.exception("describe_impact failed", extra={"tool": tool.name})
+            return Impact(
+                summary=f"Run {tool.name}; its impact description failed, check the arguments.",
+                irreversible=True,
+            )
+
+    async def run_approval_decision(
+        self, decision: ApprovalGranted | ApprovalDenied, port: CallPort
+    ) -> None:
+        """An operator approved or denied a request; answered with the event or a refusal."""
+        env = decision.envelope
+        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+            await port.commit(
+                [_refusal(env, "The decision's call key does not match it.")], final=True
+            )
+            return
+        outcome = decide(None, DecideApproval(decision, port.approvals(env.call_key)))
+        await port.commit(outcome.events, final=True)
+
+    async def run_switch(self, change: SwitchEvent, port: CallPort, partition: int) -> None:
+        await port.commit(decide(None, ChangeSwitch(change, partition)).events, final=True)
 
     async def run_sweep(self, call_key: str, port: CallPort) -> None:
         """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
@@ -240,7 +308,12 @@ class Stages:
         await self._drive(admitted, decision, port, by_intent=False)
 
     async def _drive(
-        self, admitted: Admitted, decision: Decision, port: CallPort, *, by_intent: bool
+        self,
+        admitted: Admitted,
+        decision: Decision,
+        port: CallPort,
+        *,
+        by_intent: bool,
     ) -> None:
         tool, ctx = admitted.tool, admitted.context
         while True:
@@ -284,6 +357,7 @@ class Stages:
                         policy=tool.policy,
                         now=self.clock.now(),
                         epoch=port.epoch,
+                        gate=Gate(disabled=_switched_off(port, ctx) if by_intent else None),
                     ),
                 )
 
@@ -375,6 +449,24 @@ class Stages:
             fingerprint="",
             duration_ms=duration_ms,
         )
+
+
+def _switched_off(port: CallPort, ctx: CallContext) -> ErrorInfo | None:
+    switch = port.disabled(ctx.tenant_id, ctx.tool)
+    if switch is None:
+        return None
+    where = "for every tenant" if switch.tenant_id == ANY else "for this tenant"
+    what = "every tool" if switch.tool == ANY else ctx.tool
+    return ErrorInfo.of(
+        ErrorCode.TOOL_DISABLED, f"An operator switched {what} off {where}: {switch.reason}"
+    )
+
+
+def _refusal(env: Envelope, message: str) -> ToolCallRejected:
+    return ToolCallRejected(
+        envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
+        error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, message),
+    )
 
 
 def _normalise(

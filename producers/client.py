@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from producers.outcomes import OutcomeHub
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
+    ApprovalRequested,
     Envelope,
     Event,
     FailureDisposition,
@@ -58,8 +59,11 @@ class Transport(Protocol):
 
     outcomes: OutcomeHub
 
-    async def send(self, intent: ToolCallRequested) -> None:
+    async def send(self, intent: Event) -> None:
         """Durably append the intent (returns once the log has it)."""
+
+    async def broadcast(self, record: Event) -> None:
+        """Durably append ``record`` to every partition of the log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +225,28 @@ class LedgerClient:
         return result_of(event)
 
 
+    async def command(
+        self, record: Event, *, broadcast: bool = False, wait: float | None = None
+    ) -> Event | None:
+        """Append an operator's command (an approval decision, a switch) and return the event
+        that answers it, or ``None`` if none came within the wait (it may still apply).
+
+        Raises :class:`TransportError` if the log could not be reached."""
+        hub = self._transport.outcomes
+        future = hub.expect(record.intent_id)
+        try:
+            if broadcast:
+                await self._transport.broadcast(record)
+            else:
+                await self._transport.send(record)
+            timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            return None
+        finally:
+            hub.forget(record.intent_id, future)
+
+
 def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:
     return CallResult(status=None, error=ErrorInfo.of(code, message), call_id=call_id)
 
@@ -264,4 +290,12 @@ def result_of(event: Event) -> CallResult:
         )
     if isinstance(event, ToolCallRejected):
         return CallResult(None, error=event.error, field_errors=tuple(event.field_errors), **base)
+    if isinstance(event, ApprovalRequested):
+        error = ErrorInfo.of(
+            ErrorCode.APPROVAL_REQUIRED,
+            f"{event.envelope.tool} needs a human's approval of these exact arguments "
+            f"(approval request {event.approval_id}, open until "
+            f"{event.expires_at.isoformat()}).",
+        )
+        return CallResult(None, error=error, **base)
     raise ValueError(f"{event.TYPE} does not answer a call")

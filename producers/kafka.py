@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -18,7 +19,7 @@ from aiokafka.errors import KafkaError
 from producers.client import TransportError
 from producers.outcomes import OutcomeHub
 from schemas.codec import CodecError, decode, encode
-from schemas.events import ToolCallRequested
+from schemas.events import Event
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics, partition_key
 
 log = logging.getLogger("toolledger.producer")
@@ -67,17 +68,22 @@ class KafkaTransport:
             await self._listener.position(tp)
         self._task = asyncio.create_task(self._listen())
 
-    async def send(self, intent: ToolCallRequested) -> None:
+    async def send(self, intent: Event) -> None:
+        await self._append(intent, [self.topics.partition_of(intent)])
+
+    async def broadcast(self, record: Event) -> None:
+        await self._append(record, range(self.topics.partitions))
+
+    async def _append(self, record: Event, partitions: Iterable[int]) -> None:
+        value, key = encode(record), partition_key(record)
         try:
-            delivered = await self._producer.send(
-                self.topics.intents,
-                encode(intent),
-                key=partition_key(intent),
-                partition=self.topics.partition_of(intent),
-            )
-            await delivered
+            sent = [
+                await self._producer.send(self.topics.intents, value, key=key, partition=p)
+                for p in partitions
+            ]
+            await asyncio.gather(*sent)
         except KafkaError as exc:
-            raise TransportError(f"appending the intent failed: {type(exc).__name__}") from exc
+            raise TransportError(f"appending to the log failed: {type(exc).__name__}") from exc
 
     async def stop(self) -> None:
         if self._task is not None:

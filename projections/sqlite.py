@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from processors.ledger import CallState
-from projections import search
+from projections import governance, search
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
@@ -16,7 +17,16 @@ from projections.rows import (
     event_row,
     fold_new_events,
 )
-from schemas.calls import CallFilter, CallView, Page
+from schemas.calls import (
+    ApprovalPage,
+    ApprovalView,
+    CallFilter,
+    CallView,
+    Page,
+    RunUsage,
+    Stats,
+    SwitchView,
+)
 from schemas.events import Event
 
 DDL = """
@@ -67,6 +77,79 @@ CREATE INDEX IF NOT EXISTS tool_call_events_by_key
     ON tool_call_events (tenant_id, tool_name, idempotency_key);
 """
 
+
+def _utc_text(value: str) -> str:
+    """SQL: an ISO 8601 time (``isoformat()`` or pydantic JSON: 0 or 6 fraction digits, any
+    offset) as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC, which sorts and compares as text."""
+    return (
+        f"(strftime('%Y-%m-%dT%H:%M:%S', {value}) || CASE WHEN substr({value}, 20, 1) = '.' "
+        f"THEN substr({value}, 20, 7) ELSE '.000000' END || 'Z')"
+    )
+
+
+def _payload(path: str) -> str:
+    return f"json_extract(payload_json, '$.{path}')"
+
+
+_NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z')"
+_APPROVAL_TYPES = "'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalConsumed'"
+_SWITCH_TYPES = "'ToolDisabled', 'ToolEnabled'"
+
+# The governance read side (projections/governance.py; 0002_governance.sql for PostgreSQL):
+# views over the two tables, so a rebuild gives them back by construction. The fact views
+# below read the JSON payloads in SQLite's dialect, with every time as UTC text that sorts
+# (_utc_text), the portable views on top are shared with PostgreSQL. Dropped and created at
+# every open, so a new definition takes over. No ';' inside a statement:
+# SqliteLog.rebuild_projections splits this text on it.
+GOVERNANCE_VIEWS = (
+    "approval_events",
+    "switch_changes",
+    "call_event_facts",
+    *governance.PORTABLE_VIEWS,
+)
+GOVERNANCE_DDL = f"""
+CREATE INDEX IF NOT EXISTS tool_call_events_by_run ON tool_call_events (tenant_id, run_id, seq);
+CREATE INDEX IF NOT EXISTS tool_call_events_by_approval
+    ON tool_call_events ({_payload("approval_id")}, tenant_id, seq)
+    WHERE event_type IN ({_APPROVAL_TYPES});
+CREATE INDEX IF NOT EXISTS tool_call_events_governance
+    ON tool_call_events (event_type, tenant_id, seq)
+    WHERE event_type IN ({_APPROVAL_TYPES}, {_SWITCH_TYPES});
+{"".join(f"DROP VIEW IF EXISTS {v};" for v in reversed(GOVERNANCE_VIEWS))}
+CREATE VIEW approval_events AS
+SELECT seq, tenant_id, tool_name, call_id, call_key, idempotency_key, run_id, event_type,
+       {_utc_text("occurred_at")} AS occurred_at,
+       {_payload("approval_id")} AS approval_id,
+       {_payload("envelope.args_digest")} AS args_digest,
+       {_payload("envelope.principal")} AS principal,
+       {_payload("arguments_redacted_json")} AS arguments_json,
+       {_payload("impact_json")} AS impact_json,
+       {_utc_text(_payload("expires_at"))} AS expires_at,
+       {_payload("approver")} AS approver,
+       {_payload("reason")} AS reason
+  FROM tool_call_events
+ WHERE event_type IN ({_APPROVAL_TYPES});
+CREATE VIEW switch_changes AS
+SELECT tenant_id, tool, enabled, scope, actor, reason, changed_at, intent_id
+  FROM (SELECT tenant_id, tool_name AS tool, event_type = 'ToolEnabled' AS enabled,
+               {_payload("scope")} AS scope, {_payload("actor")} AS actor,
+               {_payload("reason")} AS reason, {_utc_text("occurred_at")} AS changed_at,
+               intent_id, row_number() OVER (PARTITION BY tenant_id, tool_name, intent_id
+                                           ORDER BY seq) AS n
+          FROM tool_call_events WHERE event_type IN ({_SWITCH_TYPES}))
+ WHERE n = 1;
+CREATE VIEW call_event_facts AS
+SELECT seq, tenant_id, tool_name, run_id, intent_id, event_type,
+       {_payload("error.code")} AS error_code,
+       {_payload("disposition")} AS disposition,
+       {_payload("fingerprint")} AS fingerprint
+  FROM tool_call_events
+ WHERE event_type NOT IN ({_SWITCH_TYPES});
+"""
+GOVERNANCE_DDL += governance.portable_views(_NOW)
+
+DDL += GOVERNANCE_DDL
+
 PROJECTION_TABLES = ("tool_calls", "tool_call_events")
 
 _INSERT_EVENT = (
@@ -82,6 +165,8 @@ _UPSERT_CALL = (
 
 
 def drop(conn: sqlite3.Connection) -> None:
+    for view in reversed(GOVERNANCE_VIEWS):
+        conn.execute(f"DROP VIEW IF EXISTS {view}")
     for table in PROJECTION_TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
 
@@ -152,3 +237,37 @@ class SqliteCalls:
 
     async def applied(self, event_id: str) -> bool:
         return self._conn.execute(search.applied_sql("?"), (event_id,)).fetchone() is not None
+
+    async def approval(
+        self, tenant_id: str | None, approval_id: str, *, now: datetime
+    ) -> ApprovalView | None:
+        sql, params = governance.approval_sql(governance.SQLITE, tenant_id, approval_id, now)
+        rows = self._rows(sql, params)
+        return governance.approval_of(rows[0]) if rows else None
+
+    async def approvals(
+        self,
+        tenant_id: str | None,
+        *,
+        status: str | None,
+        now: datetime,
+        limit: int,
+        after: str | None,
+    ) -> ApprovalPage:
+        sql, params = governance.approvals_sql(
+            governance.SQLITE, tenant_id, status, now, limit, after
+        )
+        return governance.approval_page_of(self._rows(sql, params), limit)
+
+    async def switches(self, tenant_id: str) -> list[SwitchView]:
+        sql, params = governance.switches_sql(governance.SQLITE, tenant_id)
+        return [governance.switch_of(r) for r in self._rows(sql, params)]
+
+    async def stats(self, tenant_id: str | None) -> Stats:
+        tools = self._rows(*governance.tool_stats_sql(governance.SQLITE, tenant_id))
+        tenants = self._rows(*governance.tenant_stats_sql(governance.SQLITE, tenant_id))
+        return governance.stats_of(tenant_id, tools, tenants)
+
+    async def run_usage(self, tenant_id: str, run_id: str, tool: str) -> RunUsage:
+        sql, params = governance.run_usage_sql(governance.SQLITE, tenant_id, run_id, tool)
+        return governance.run_usage_of(self._rows(sql, params))

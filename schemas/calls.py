@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from schemas.errors import ErrorInfo
 from schemas.status import CallStatus
@@ -89,6 +89,280 @@ def decode_cursor(cursor: str) -> str:
     return raw
 
 
+# --------------------------------------------------------------------------- governance reads
+
+APPROVAL_STATUSES: tuple[str, ...] = ("pending", "approved", "denied", "consumed", "expired")
+ApprovalStatusName = Literal["pending", "approved", "denied", "consumed", "expired"]
+IMPACT_FIELDS: tuple[str, ...] = ("summary", "target", "scope", "cost", "irreversible")
+ANY = "*"
+"""A switch's ``tenant_id`` or ``tool`` that stands for every tenant or every tool."""
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: times of the read side are timezone-aware")
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
+
+
+class ApprovalView(BaseModel):
+    """One approval request, as the projections fold it from the approval events.
+
+    The first ``ApprovalRequested`` of an ``approval_id`` (in log order) defines the request;
+    the latest ``ApprovalGranted``/``ApprovalDenied``/``ApprovalConsumed`` its state. A grant
+    replaces ``expires_at`` with the token's expiry. ``status`` is ``expired`` when the request
+    is pending, or approved but not consumed, and ``expires_at <= now`` (``now``: the caller's,
+    given to the query). Times are UTC.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    approval_id: str
+    call_key: str  # internal: lets a caller route to the key's partition; not rendered
+    call_id: str
+    tenant_id: str
+    tool: str
+    idempotency_key: str
+    args_digest: str
+    arguments: Any
+    impact: dict[str, Any]
+    status: ApprovalStatusName
+    requested_by: str | None
+    requested_at: UtcDatetime
+    expires_at: UtcDatetime
+    approver: str | None = None
+    decided_at: UtcDatetime | None = None
+    reason: str | None = None
+    consumed_at: UtcDatetime | None = None
+    run_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN section 11's approval request (``id``, ``tool``, ``arguments``,
+        ``args_digest``, ``impact`` {summary, target, scope, cost, irreversible: bool},
+        ``status``, ``expires_at``) followed by the audit fields."""
+        raw = self.model_dump(mode="json", exclude={"call_key"})
+        impact = {name: self.impact.get(name) for name in IMPACT_FIELDS}
+        impact["irreversible"] = bool(impact["irreversible"])
+        return {
+            "id": raw["approval_id"],
+            "tool": raw["tool"],
+            "arguments": raw["arguments"],
+            "args_digest": raw["args_digest"],
+            "impact": impact,
+            "status": raw["status"],
+            "expires_at": raw["expires_at"],
+            **{
+                name: raw[name]
+                for name in (
+                    "tenant_id",
+                    "call_id",
+                    "idempotency_key",
+                    "run_id",
+                    "requested_by",
+                    "requested_at",
+                    "approver",
+                    "decided_at",
+                    "reason",
+                    "consumed_at",
+                )
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPage:
+    items: list[ApprovalView]
+    next_cursor: str | None
+
+
+_APPROVAL_CURSOR = "apr1"
+
+
+def encode_approval_cursor(view: ApprovalView) -> str:
+    """The position after ``view`` in the order (requested_at, approval_id, tenant_id)."""
+    raw = json.dumps(
+        [_APPROVAL_CURSOR, view.requested_at.isoformat(), view.approval_id, view.tenant_id],
+        separators=(",", ":"),
+    )
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_approval_cursor(cursor: str) -> tuple[datetime, str, str]:
+    """(requested_at, approval_id, tenant_id); ``ValueError`` for a cursor this API did not
+    hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
+        tag, at, approval_id, tenant_id = json.loads(raw)
+        if tag != _APPROVAL_CURSOR or not isinstance(approval_id, str):
+            raise ValueError
+        if not isinstance(tenant_id, str) or not isinstance(at, str):
+            raise ValueError
+        return _utc(datetime.fromisoformat(at)), approval_id, tenant_id
+    except (ValueError, TypeError) as exc:  # binascii, JSON, unpacking, ISO, naive
+        raise ValueError("not a cursor of this API") from exc
+
+
+class SwitchView(BaseModel):
+    """The latest state of one kill switch. ``tenant_id``/``tool`` ``"*"``: every tenant/tool.
+    Latest = the highest (``changed_at``, intent id): the executor's own order, the same
+    however the switch's copies were spread over the log partitions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant_id: str
+    tool: str
+    enabled: bool
+    reason: str
+    actor: str
+    changed_at: UtcDatetime
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def effective_switch(
+    switches: Iterable[SwitchView], tenant_id: str, tool: str
+) -> SwitchView | None:
+    """The switch that keeps ``tool`` off for ``tenant_id``, if any.
+
+    Each of (tenant, tool), (tenant, ``*``), (``*``, tool), (``*``, ``*``) is looked at on its
+    own, in that order, by its latest state (several states of one pair: the latest counts);
+    the first one that is disabled is returned.
+    """
+    latest: dict[tuple[str, str], SwitchView] = {}
+    for switch in switches:
+        key = (switch.tenant_id, switch.tool)
+        current = latest.get(key)
+        if current is None or switch.changed_at >= current.changed_at:
+            latest[key] = switch
+    for tenant in (tenant_id, ANY):
+        for name in (tool, ANY):
+            found = latest.get((tenant, name))
+            if found is not None and not found.enabled:
+                return found
+    return None
+
+
+def _rate(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStats:
+    """Counts for one tool (``tool == "*"``: all tools) and the rates derived from them.
+
+    Counts, from the projection (SQL views ``tool_metrics`` and ``tenant_metrics``):
+
+    - ``calls``: ``tool_calls`` rows (call keys that executed); ``succeeded``,
+      ``failed_final``, ``failed_retryable``, ``unknown``, ``pending``: those rows by status.
+    - ``intents``: the calls the ledger answered, each counted once: distinct intent ids among
+      the ``ToolCall*`` and ``ApprovalRequested`` events (executions, refusals, replays,
+      approval requests).
+    - ``validation_failures``: ``ToolCallRejected`` events with ``VALIDATION_FAILED``.
+    - ``duplicates``: ``ToolCallReplayed`` events plus ``ToolCallRejected`` with
+      ``IDEMPOTENCY_KEY_IN_USE`` (a same-key, same-arguments call answered without running).
+    - ``retry_limit_refusals``: ``ToolCallFailed`` or ``ToolCallRejected`` events with
+      ``RETRY_LIMIT_EXCEEDED``.
+    - ``calls_in_runs``: calls with a run id; ``runs``: distinct run ids among them.
+    - ``approvals_granted``/``approvals_denied``: approval requests whose latest decision is a
+      grant/denial; ``approvals_pending``: requests still pending and not expired (by the
+      database's clock).
+
+    Rates (``None`` when the denominator is 0):
+
+    - ``success_rate`` = succeeded / finished calls (``calls - pending``).
+    - ``validation_failure_rate`` = validation_failures / intents.
+    - ``duplicate_rate`` = duplicates / intents.
+    - ``human_rejection_rate`` = approvals_denied / (approvals_granted + approvals_denied).
+    - ``calls_per_run`` = calls_in_runs / runs.
+    """
+
+    tool: str
+    calls: int = 0
+    succeeded: int = 0
+    failed_final: int = 0
+    failed_retryable: int = 0
+    unknown: int = 0
+    pending: int = 0
+    intents: int = 0
+    validation_failures: int = 0
+    duplicates: int = 0
+    retry_limit_refusals: int = 0
+    calls_in_runs: int = 0
+    runs: int = 0
+    approvals_pending: int = 0
+    approvals_granted: int = 0
+    approvals_denied: int = 0
+
+    @property
+    def success_rate(self) -> float | None:
+        return _rate(self.succeeded, self.calls - self.pending)
+
+    @property
+    def validation_failure_rate(self) -> float | None:
+        return _rate(self.validation_failures, self.intents)
+
+    @property
+    def duplicate_rate(self) -> float | None:
+        return _rate(self.duplicates, self.intents)
+
+    @property
+    def human_rejection_rate(self) -> float | None:
+        return _rate(self.approvals_denied, self.approvals_granted + self.approvals_denied)
+
+    @property
+    def calls_per_run(self) -> float | None:
+        return _rate(self.calls_in_runs, self.runs)
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {name: getattr(self, name) for name in STAT_COUNTS}
+        rates = {name: getattr(self, name) for name in STAT_RATES}
+        return {"tool": self.tool, **counts, **rates}
+
+
+STAT_COUNTS: tuple[str, ...] = tuple(
+    name for name in ToolStats.__dataclass_fields__ if name != "tool"
+)
+"""The count fields of :class:`ToolStats`: also the count columns of the metrics views."""
+STAT_RATES: tuple[str, ...] = (
+    "success_rate",
+    "validation_failure_rate",
+    "duplicate_rate",
+    "human_rejection_rate",
+    "calls_per_run",
+)
+"""The rate properties of :class:`ToolStats`: also the rate columns of the metrics views."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Metrics of one tenant (``tenant_id``; ``None``: every tenant), per tool and in total."""
+
+    tenant_id: str | None
+    tools: list[ToolStats]
+    totals: ToolStats
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "tools": [t.to_json() for t in self.tools],
+            "totals": self.totals.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    """What a run has used so far: ``attempts``, its ``ToolCallStarted`` events (all tools),
+    and ``repeats``, the most ``ToolCallFailed`` events of one tool sharing one
+    ``fingerprint`` (ties: the smallest fingerprint; none: 0 and ``None``)."""
+
+    attempts: int
+    repeats: int
+    fingerprint: str | None
+
+
 class CallQueries(Protocol):
     """Reads scoped to one tenant: another tenant's call is simply not found."""
 
@@ -102,3 +376,29 @@ class CallQueries(Protocol):
 
     async def applied(self, event_id: str) -> bool:
         """Whether the projection has applied this event yet."""
+
+    async def approval(
+        self, tenant_id: str | None, approval_id: str, *, now: datetime
+    ) -> ApprovalView | None:
+        """One approval request (``tenant_id`` None: of any tenant), its status as of ``now``."""
+
+    async def approvals(
+        self,
+        tenant_id: str | None,
+        *,
+        status: str | None,
+        now: datetime,
+        limit: int,
+        after: str | None,
+    ) -> ApprovalPage:
+        """Approval requests by (requested_at, approval_id), optionally of one status as of
+        ``now``; ``after``: a ``next_cursor`` (``ValueError`` if it is not one)."""
+
+    async def switches(self, tenant_id: str) -> list[SwitchView]:
+        """The latest state of every switch that applies to the tenant: its own, global ones."""
+
+    async def stats(self, tenant_id: str | None) -> Stats:
+        """Metrics per tool and in total, of one tenant (None: of every tenant)."""
+
+    async def run_usage(self, tenant_id: str, run_id: str, tool: str) -> RunUsage:
+        """Budget counters of a run (see :class:`RunUsage`)."""

@@ -144,6 +144,7 @@ class ToolCallRejected(Event):
 class ApprovalRequested(Event):
     TYPE: ClassVar[str] = "ApprovalRequested"
     approval_id: str
+    arguments_redacted_json: str
     impact_json: str
     expires_at: datetime
 
@@ -209,5 +210,13 @@ def answers_intent(event: Event) -> bool:
         return event.resolution is not Resolution.NOT_HAPPENED
     return isinstance(
         event,
-        ToolCallSucceeded | ToolCallOutcomeUnknown | ToolCallReplayed | ToolCallRejected,
+        ToolCallSucceeded
+        | ToolCallOutcomeUnknown
+        | ToolCallReplayed
+        | ToolCallRejected
+        | ApprovalRequested
+        | ApprovalGranted
+        | ApprovalDenied
+        | ToolDisabled
+        | ToolEnabled,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.events import ToolCallRequested
+from schemas.events import Event
 from schemas.keys import partition_for
 
 INTENT_ID_HEADER = "intent_id"
@@ -44,11 +44,12 @@ class Topics:
     def projector_group(self) -> str:
         return f"{self.prefix}projector"
 
-    def partition_of(self, intent: ToolCallRequested) -> int:
-        return partition_for(partition_key(intent), self.partitions)
+    def partition_of(self, record: Event) -> int:
+        return partition_for(partition_key(record), self.partitions)
 
 
-def partition_key(intent: ToolCallRequested) -> bytes:
-    """Keyed calls partition by call key; unkeyed (read-only) ones by intent id."""
-    env = intent.envelope
+def partition_key(record: Event) -> bytes:
+    """Keyed calls (and operators' decisions on them) partition by call key; unkeyed
+    (read-only) ones by intent id. Switches are appended to every partition."""
+    env = record.envelope
     return (env.call_key if env.idempotency_key else env.intent_id).encode("utf-8")

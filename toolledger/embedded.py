@@ -13,7 +13,7 @@ from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
-from schemas.events import ToolCallRequested
+from schemas.events import Event
 
 
 class EmbeddedLedger:
@@ -72,9 +72,13 @@ class EmbeddedLedger:
             raise
         return self
 
-    async def send(self, intent: ToolCallRequested) -> None:
+    async def send(self, intent: Event) -> None:
         assert self.runtime is not None, "start() the ledger first"
         await self.runtime.send(intent)
+
+    async def broadcast(self, record: Event) -> None:
+        assert self.runtime is not None, "start() the ledger first"
+        await self.runtime.broadcast(record)
 
     async def close(self) -> None:
         try:

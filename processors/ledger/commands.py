@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from processors.ledger.governance import ApprovalBook, SwitchEvent
 from processors.ledger.state import CallContext
 from schemas.errors import ErrorInfo
+from schemas.events import ApprovalDenied, ApprovalGranted
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +21,25 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalGate:
+    """The tool's approval rule applies to these arguments."""
+
+    book: ApprovalBook | None  # the call key's approval requests so far
+    token_digest: str | None  # of the token the call presented, if any
+    new_approval_id: str  # for a request this intent would open (derived from its id)
+    impact_json: str
+    request_ttl: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What must hold before a new execution starts (a replay passes without it)."""
+
+    disabled: ErrorInfo | None = None  # the kill switch in force, as the caller's error
+    approval: ApprovalGate | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Submit:
     """A validated, authorised intent reached the idempotency decision."""
 
@@ -27,6 +48,7 @@ class Submit:
     policy: Policy
     now: datetime
     epoch: int
+    gate: Gate = field(default_factory=Gate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +123,7 @@ class ReconcileFinished:
     policy: Policy
     now: datetime
     epoch: int
+    gate: Gate = field(default_factory=Gate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +141,25 @@ class Sweep:
     now: datetime
 
 
-Command = Submit | AttemptFinished | ReconcileFinished | Recover | Sweep
+@dataclass(frozen=True, slots=True)
+class DecideApproval:
+    """An operator's decision on an approval request, as the front door appended it."""
+
+    decision: ApprovalGranted | ApprovalDenied
+    book: ApprovalBook | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSwitch:
+    """An operator turned a tool off or on; recorded by every partition."""
+
+    change: SwitchEvent
+    partition: int
+
+
+Command = (
+    Submit | AttemptFinished | ReconcileFinished | Recover | Sweep | DecideApproval | ChangeSwitch
+)
 
 
 @dataclass(frozen=True, slots=True)

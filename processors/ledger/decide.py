@@ -14,11 +14,15 @@ from datetime import datetime
 
 from processors.ledger.commands import (
     Action,
+    ApprovalGate,
     AttemptFinished,
+    ChangeSwitch,
     Command,
+    DecideApproval,
     Execute,
     Found,
     FoundFailed,
+    Gate,
     Inconclusive,
     NotHappened,
     Policy,
@@ -31,9 +35,13 @@ from processors.ledger.commands import (
     TimedOut,
 )
 from processors.ledger.evolve import NOT_HAPPENED_ERROR
+from processors.ledger.governance import ApprovalBook, ApprovalStatus
 from processors.ledger.state import CallContext, CallState
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
+    ApprovalConsumed,
+    ApprovalGranted,
+    ApprovalRequested,
     Event,
     FailureDisposition,
     Resolution,
@@ -67,6 +75,10 @@ def decide(state: CallState | None, command: Command) -> Decision:
         return _reconcile_finished(_require(state, CallStatus.UNKNOWN, command), command)
     if isinstance(command, Recover):
         return _recover(state, command)
+    if isinstance(command, DecideApproval):
+        return _decide_approval(command)
+    if isinstance(command, ChangeSwitch):
+        return _change_switch(command)
     return _sweep(state, command)
 
 
@@ -109,8 +121,18 @@ def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallReje
 def _submit(state: CallState | None, cmd: Submit) -> Decision:
     ctx, now = cmd.context, cmd.now
     if state is None:
+        # Past the idempotency decision: the kill switch, then the approval, then Started.
+        if cmd.gate.disabled is not None:
+            return Decision((_rejected(ctx, now, cmd.gate.disabled),))
+        consumed: tuple[Event, ...] = ()
+        if cmd.gate.approval is not None:
+            checked = _check_approval(cmd.gate.approval, ctx, now, cmd.arguments_redacted_json)
+            if isinstance(checked, Decision):
+                return checked
+            consumed = (checked,)
         started = _started(ctx, now, 1, 1, cmd.epoch, cmd.arguments_redacted_json)
-        return Decision((started,), Execute(attempt=1, round_attempt=1))
+        # the token is consumed in the same atomic write as the Started event it allows
+        return Decision((*consumed, started), Execute(attempt=1, round_attempt=1))
     if state.args_digest != ctx.args_digest:
         return Decision(
             (
@@ -160,7 +182,7 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
         )
     if state.status is CallStatus.UNKNOWN:
         return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
-    return _new_round(state, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json)
+    return _new_round(state, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json, cmd.gate)
 
 
 def _new_round(
@@ -170,9 +192,13 @@ def _new_round(
     policy: Policy,
     epoch: int,
     redacted: str,
+    gate: Gate,
     prefix: tuple[Event, ...] = (),
 ) -> Decision:
-    """FAILED_RETRYABLE (or reconciled as not happened): execute again, within the round cap."""
+    """FAILED_RETRYABLE (or reconciled as not happened): execute again, within the round cap.
+
+    The approval that let the first round start covers the later rounds of the same call
+    (same key, same arguments); a switched-off tool starts no new round."""
     attempt = state.attempts + 1
     if state.rounds >= policy.max_rounds:
         last = state.error.code if state.error else "none"
@@ -189,6 +215,8 @@ def _new_round(
             duration_ms=0,
         )
         return Decision((*prefix, failed))
+    if gate.disabled is not None:
+        return Decision((*prefix, _rejected(ctx, now, gate.disabled)))
     started = _started(ctx, now, attempt, state.rounds + 1, epoch, redacted)
     return Decision((*prefix, started), Execute(attempt=attempt, round_attempt=1))
 
@@ -304,7 +332,14 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
         update={"status": CallStatus.FAILED_RETRYABLE, "reconcile_attempts": n}
     )
     return _new_round(
-        after, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json, prefix=(not_happened,)
+        after,
+        ctx,
+        now,
+        cmd.policy,
+        cmd.epoch,
+        cmd.arguments_redacted_json,
+        cmd.gate,
+        prefix=(not_happened,),
     )
 
 
@@ -330,3 +365,88 @@ def _sweep(state: CallState | None, cmd: Sweep) -> Decision:
     if state is None or state.status is not CallStatus.UNKNOWN or not cmd.policy.has_reconcile:
         return Decision()
     return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
+
+
+def _approval_invalid(ctx: CallContext, now: datetime, message: str) -> Decision:
+    return Decision((_rejected(ctx, now, ErrorInfo.of(ErrorCode.APPROVAL_INVALID, message)),))
+
+
+def _check_approval(
+    gate: ApprovalGate, ctx: CallContext, now: datetime, redacted: str
+) -> Decision | ApprovalConsumed:
+    """The call may start (the token's consumption) or the refusal that answers it."""
+    book = gate.book or ApprovalBook()
+    if gate.token_digest is None:
+        latest = book.latest_for(ctx.args_digest)
+        if latest is not None and latest.status is ApprovalStatus.DENIED:
+            return Decision(
+                (
+                    _rejected(
+                        ctx,
+                        now,
+                        ErrorInfo.of(
+                            ErrorCode.APPROVAL_INVALID,
+                            f"An operator denied this call: {latest.reason or 'no reason given'}",
+                            retryable=False,
+                            suggested_action="Do not retry: tell the user the action was "
+                            "refused by a human.",
+                        ),
+                    ),
+                )
+            )
+        open_ = (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)
+        if latest is not None and latest.status in open_ and now < latest.expires_at:
+            # asked again: the same request answers (approved: the token is with the operator)
+            approval_id, expires_at = latest.approval_id, latest.expires_at
+            redacted, impact = latest.arguments_redacted_json, latest.impact_json
+        else:
+            approval_id, expires_at = gate.new_approval_id, now + gate.request_ttl
+            impact = gate.impact_json
+        return Decision(
+            (
+                ApprovalRequested(
+                    envelope=ctx.envelope(_eid(ctx, "approval-requested"), now),
+                    approval_id=approval_id,
+                    arguments_redacted_json=redacted,
+                    impact_json=impact,
+                    expires_at=expires_at,
+                ),
+            )
+        )
+    approval = book.by_token(gate.token_digest)
+    if approval is None:
+        return _approval_invalid(
+            ctx, now, "The approval token was not issued for this call (tenant, tool and key)."
+        )
+    if approval.status is not ApprovalStatus.APPROVED:
+        return _approval_invalid(ctx, now, f"The approval token was {approval.status.value}.")
+    if approval.args_digest != ctx.args_digest:
+        return _approval_invalid(ctx, now, "The approval token was issued for other arguments.")
+    if now >= approval.expires_at:
+        return _approval_invalid(
+            ctx, now, f"The approval token expired at {approval.expires_at.isoformat()}."
+        )
+    return ApprovalConsumed(
+        envelope=ctx.envelope(_eid(ctx, "approval-consumed"), now),
+        approval_id=approval.approval_id,
+    )
+
+
+def _decide_approval(cmd: DecideApproval) -> Decision:
+    decision, env = cmd.decision, cmd.decision.envelope
+    ctx, now = CallContext.of(env), env.occurred_at
+    approval = cmd.book.get(decision.approval_id) if cmd.book else None
+    if approval is None or approval.args_digest != env.args_digest:
+        return _approval_invalid(ctx, now, "There is no such approval request for this call.")
+    if approval.status is not ApprovalStatus.PENDING:
+        return _approval_invalid(ctx, now, f"The approval request is {approval.status.value}.")
+    if now >= approval.expires_at:
+        return _approval_invalid(ctx, now, "The approval request has expired.")
+    kind = "approval-granted" if isinstance(decision, ApprovalGranted) else "approval-denied"
+    return Decision((decision.model_copy(update={"envelope": ctx.envelope(_eid(ctx, kind), now)}),))
+
+
+def _change_switch(cmd: ChangeSwitch) -> Decision:
+    env = cmd.change.envelope
+    stamped = env.model_copy(update={"event_id": f"{env.intent_id}/switch/{cmd.partition}"})
+    return Decision((cmd.change.model_copy(update={"envelope": stamped}),))

@@ -13,12 +13,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from processors.ledger import CallState
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
+from processors.runtime.snapshot import Snapshot
 from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
 from schemas.codec import encode
-from schemas.events import Event, ToolCallRequested
+from schemas.events import Event
 from schemas.keys import partition_for
 from schemas.topics import partition_key
 
@@ -85,8 +85,8 @@ class _Store:
         self._log = log
         self._writer = writer
 
-    async def load_states(self, partition: int) -> dict[str, CallState]:
-        return self._log.load_states(partition)
+    async def load(self, partition: int) -> Snapshot:
+        return self._log.load(partition)
 
     async def commit(self, batch: CommitBatch) -> None:
         await self._writer.commit(batch)
@@ -133,10 +133,17 @@ class EmbeddedRuntime:
         await worker.start()
         return worker
 
-    async def send(self, intent: ToolCallRequested) -> None:
-        """Append an intent; returns once it is durable in the log."""
+    async def send(self, intent: Event) -> None:
+        """Append an intent (or an operator's decision); returns once it is durable."""
         key = partition_key(intent)
         await self._writer.append(partition_for(key, self.log.partitions), key, encode(intent))
+
+    async def broadcast(self, record: Event) -> None:
+        """Append ``record`` to every partition (a switch), durably."""
+        key, value = partition_key(record), encode(record)
+        await asyncio.gather(
+            *(self._writer.append(p, key, value) for p in range(self.log.partitions))
+        )
 
     async def send_raw(self, partition: int, key: bytes, value: bytes) -> int:
         """Append bytes as they are (tests of bad input use it)."""

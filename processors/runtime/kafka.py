@@ -28,9 +28,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from processors.ledger import CallState
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
+from processors.runtime.snapshot import Snapshot, governance_pairs
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -46,16 +46,16 @@ class KafkaStore:
         producer: AIOKafkaProducer,
         topics: Topics,
         partition: int,
-        states: dict[str, CallState],
+        snapshot: Snapshot,
     ) -> None:
         self._producer = producer
         self._topics = topics
         self._partition = partition
-        self._states = states
+        self._snapshot = snapshot
         self._committed_offset: int | None = None
 
-    async def load_states(self, partition: int) -> dict[str, CallState]:
-        return self._states
+    async def load(self, partition: int) -> Snapshot:
+        return self._snapshot
 
     async def commit(self, batch: CommitBatch) -> None:
         producer, topics, p = self._producer, self._topics, self._partition
@@ -72,12 +72,10 @@ class KafkaStore:
                         (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
                     ],
                 )
-            for key, state in batch.states.items():
+            pairs = [(k, s.model_dump_json()) for k, s in batch.states.items()]
+            for key, value in [*pairs, *governance_pairs(batch)]:
                 await producer.send(
-                    topics.state,
-                    state.model_dump_json().encode("utf-8"),
-                    key=key.encode("utf-8"),
-                    partition=p,
+                    topics.state, value.encode("utf-8"), key=key.encode("utf-8"), partition=p
                 )
             for letter in batch.dead_letters:
                 reason = json.dumps(
@@ -102,7 +100,7 @@ class KafkaStore:
             self._committed_offset = batch.next_offset
 
 
-async def restore_states(bootstrap: str, topics: Topics, partition: int) -> dict[str, CallState]:
+async def restore_snapshot(bootstrap: str, topics: Topics, partition: int) -> Snapshot:
     """Read one partition of the compacted state topic to its end (last stable offset)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -116,15 +114,13 @@ async def restore_states(bootstrap: str, topics: Topics, partition: int) -> dict
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
-        states: dict[str, CallState] = {}
+        snapshot = Snapshot()
         while await consumer.position(tp) < end:
             for records in (await consumer.getmany(tp, timeout_ms=500)).values():
                 for record in records:
                     if record.key is not None and record.value is not None:
-                        states[record.key.decode("utf-8")] = CallState.model_validate_json(
-                            record.value
-                        )
-        return states
+                        snapshot.restore(record.key.decode("utf-8"), record.value)
+        return snapshot
     finally:
         await consumer.stop()
 
@@ -272,13 +268,13 @@ class KafkaExecutor:
         await producer.start()  # init_transactions: fences the previous owner
         worker: PartitionWorker | None = None
         try:
-            states = await restore_states(self.bootstrap, self.topics, p)
+            snapshot = await restore_snapshot(self.bootstrap, self.topics, p)
             tp = TopicPartition(self.topics.intents, p)
             position = await self._consumer.committed(tp) or 0
             worker = PartitionWorker(
                 p,
                 position,
-                KafkaStore(producer, self.topics, p, states),
+                KafkaStore(producer, self.topics, p, snapshot),
                 self._stages,
                 epoch=int(time.time() * 1000),
                 concurrency=self._concurrency,
@@ -294,7 +290,8 @@ class KafkaExecutor:
                 await producer.stop()
             raise
         log.info(
-            "partition acquired", extra={"partition": p, "position": position, "keys": len(states)}
+            "partition acquired",
+            extra={"partition": p, "position": position, "keys": len(snapshot.states)},
         )
         return _Owned(producer, worker)
 

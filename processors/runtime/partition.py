@@ -23,9 +23,28 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from processors.ledger import CallState, Recover, decide, evolve
+from processors.ledger.governance import (
+    APPROVAL_EVENTS,
+    ApprovalBook,
+    Switch,
+    disabled_by,
+    evolve_approvals,
+    newer,
+    switch_key,
+    switch_of,
+)
 from processors.pipeline import Stages
+from processors.runtime.snapshot import Snapshot
 from schemas.codec import CodecError, decode
-from schemas.events import Event, ToolCallRejected, ToolCallRequested
+from schemas.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    Event,
+    ToolCallRejected,
+    ToolCallRequested,
+    ToolDisabled,
+    ToolEnabled,
+)
 from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.partition")
@@ -38,6 +57,11 @@ class DeadLetter:
     value: bytes
 
 
+# What the intents stream carries: calls, and operators' decisions and switches.
+Inbound = ToolCallRequested | ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled
+_INBOUND = (ToolCallRequested, ApprovalGranted, ApprovalDenied, ToolDisabled, ToolEnabled)
+
+
 @dataclass(slots=True)
 class CommitBatch:
     partition: int
@@ -45,10 +69,12 @@ class CommitBatch:
     states: dict[str, CallState] = field(default_factory=dict)
     next_offset: int | None = None  # input position after this batch; None: unchanged
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    approvals: dict[str, ApprovalBook] = field(default_factory=dict)
+    switches: dict[str, Switch] = field(default_factory=dict)
 
 
 class PartitionStore(Protocol):
-    async def load_states(self, partition: int) -> dict[str, CallState]: ...
+    async def load(self, partition: int) -> Snapshot: ...
 
     async def commit(self, batch: CommitBatch) -> None:
         """Write the batch atomically, or raise (e.g. fenced by a newer owner)."""
@@ -105,6 +131,8 @@ class PartitionWorker:
         self.partition = partition
         self.epoch = epoch
         self.states: dict[str, CallState] = {}
+        self.approvals: dict[str, ApprovalBook] = {}
+        self.switches: dict[str, Switch] = {}
         self._store = store
         self._stages = stages
         self._sem = asyncio.Semaphore(concurrency)
@@ -130,7 +158,9 @@ class PartitionWorker:
         return self._failed
 
     async def start(self) -> None:
-        self.states = await self._store.load_states(self.partition)
+        snapshot = await self._store.load(self.partition)
+        self.states, self.approvals = snapshot.states, snapshot.approvals
+        self.switches = snapshot.switches
         recovered: list[Event] = []
         now = self._stages.clock.now()
         for key, state in list(self.states.items()):
@@ -177,10 +207,19 @@ class PartitionWorker:
         if isinstance(intent, DeadLetter):
             self._spawn(f"dead:{offset}", self._dead_letter(intent))
             return
+        port = _IntentPort(self, offset)
+        if isinstance(intent, ToolDisabled | ToolEnabled):
+            # in force from now on: intents fed before it but not yet decided see it too
+            self._apply_switch(switch_of(intent))
+            self._spawn(intent.intent_id, self._stages.run_switch(intent, port, self.partition))
+            return
+        if isinstance(intent, ApprovalGranted | ApprovalDenied):
+            self._spawn(intent.call_key, self._stages.run_approval_decision(intent, port))
+            return
         chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
         if chain in self._tails and self._conflicts(intent):
             chain = intent.intent_id  # answered now, not after the running call: see _conflicts
-        self._spawn(chain, self._stages.run_intent(intent, _IntentPort(self, offset)))
+        self._spawn(chain, self._stages.run_intent(intent, port))
 
     def _conflicts(self, intent: ToolCallRequested) -> bool:
         """Same key, other arguments, while the key's first call is known: refuse at once.
@@ -220,7 +259,7 @@ class PartitionWorker:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _decode(self, offset: int, value: bytes) -> ToolCallRequested | DeadLetter:
+    def _decode(self, offset: int, value: bytes) -> Inbound | DeadLetter:
         if len(value) > self._max_record_bytes:
             return DeadLetter(
                 offset,
@@ -231,7 +270,7 @@ class PartitionWorker:
             event = decode(value)
         except CodecError as exc:
             return DeadLetter(offset, f"undecodable record: {exc}", value[:1024])
-        if not isinstance(event, ToolCallRequested):
+        if not isinstance(event, _INBOUND):
             return DeadLetter(
                 offset, f"unexpected {event.TYPE} on the intents stream", value[:1024]
             )
@@ -298,10 +337,7 @@ class PartitionWorker:
             batch = CommitBatch(self.partition)
             for item in pending:
                 for event in item.events:
-                    new = evolve(self.states.get(event.call_key), event)
-                    if new is not None:
-                        self._set_state(event.call_key, new)
-                        batch.states[event.call_key] = new
+                    self._evolve(event, batch)
                     batch.events.append(event)
                 if item.dead_letter is not None:
                     batch.dead_letters.append(item.dead_letter)
@@ -370,6 +406,29 @@ class PartitionWorker:
                 self._sweeping.add(key)
                 self._spawn(key, self._sweep(key))
 
+    def _evolve(self, event: Event, batch: CommitBatch) -> None:
+        key = event.call_key
+        if isinstance(event, APPROVAL_EVENTS):
+            book = evolve_approvals(self.approvals.get(key), event)
+            if book is not None:
+                self.approvals[key] = batch.approvals[key] = book
+        elif isinstance(event, ToolDisabled | ToolEnabled):
+            switch = switch_of(event)
+            self._apply_switch(switch)
+            batch.switches[switch_key(switch.tenant_id, switch.tool)] = self.switches[
+                switch_key(switch.tenant_id, switch.tool)
+            ]
+        else:
+            new = evolve(self.states.get(key), event)
+            if new is not None:
+                self._set_state(key, new)
+                batch.states[key] = new
+
+    def _apply_switch(self, switch: Switch) -> None:
+        key = switch_key(switch.tenant_id, switch.tool)
+        if newer(self.switches.get(key), switch):
+            self.switches[key] = switch
+
     def _set_state(self, key: str, state: CallState) -> None:
         self.states[key] = state
         if state.status is CallStatus.UNKNOWN:
@@ -396,6 +455,12 @@ class _IntentPort:
 
     def state(self, call_key: str) -> CallState | None:
         return self._worker.states.get(call_key)
+
+    def approvals(self, call_key: str) -> ApprovalBook | None:
+        return self._worker.approvals.get(call_key)
+
+    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
+        return disabled_by(self._worker.switches, tenant_id, tool)
 
     async def commit(self, events: Sequence[Event], *, final: bool) -> None:
         await self._worker.commit(events, self._offset if final else None)

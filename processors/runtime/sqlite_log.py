@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-from processors.ledger import CallState
 from processors.runtime.partition import CommitBatch
+from processors.runtime.snapshot import Snapshot, governance_pairs
 from projections import sqlite as projection
 from projections.rows import Position
 from schemas.codec import CodecError, decode
@@ -38,6 +38,9 @@ CREATE TABLE IF NOT EXISTS positions (
 CREATE TABLE IF NOT EXISTS call_state (
     call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, state_json TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS call_state_by_partition ON call_state (partition);
+CREATE TABLE IF NOT EXISTS executor_state (
+    partition INTEGER NOT NULL, key TEXT NOT NULL, value_json TEXT NOT NULL,
+    PRIMARY KEY (partition, key));
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     offset INTEGER NOT NULL, reason TEXT NOT NULL, value BLOB NOT NULL,
@@ -209,13 +212,15 @@ class SqliteLog:
 
     # -- executor state -----------------------------------------------------------------------
 
-    def load_states(self, partition: int) -> dict[str, CallState]:
-        states = {}
-        for key, state_json in self.conn.execute(
-            "SELECT call_key, state_json FROM call_state WHERE partition = ?", (partition,)
+    def load(self, partition: int) -> Snapshot:
+        snapshot = Snapshot()
+        for key, value_json in self.conn.execute(
+            "SELECT call_key, state_json FROM call_state WHERE partition = ? UNION ALL "
+            "SELECT key, value_json FROM executor_state WHERE partition = ?",
+            (partition, partition),
         ):
-            states[key] = CallState.model_validate_json(state_json)
-        return states
+            snapshot.restore(key, value_json)
+        return snapshot
 
     def write(
         self,
@@ -241,6 +246,11 @@ class SqliteLog:
             "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
             "DO UPDATE SET state_json = excluded.state_json",
             [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()],
+        )
+        self.conn.executemany(
+            "INSERT INTO executor_state VALUES (?, ?, ?) ON CONFLICT (partition, key) "
+            "DO UPDATE SET value_json = excluded.value_json",
+            [(batch.partition, k, v) for k, v in governance_pairs(batch)],
         )
         self.conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "

@@ -41,6 +41,40 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Impact:
+    """What a human approver is shown: what will happen, to what, how far, at what cost.
+
+    Built from validated arguments by the tool's ``describe_impact``; it must not repeat the
+    values of fields the manifest redacts (the approval request is in the audit trail)."""
+
+    summary: str
+    target: str | None = None
+    scope: str = "one resource"
+    cost: str | None = None
+    irreversible: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary,
+            "target": self.target,
+            "scope": self.scope,
+            "cost": self.cost,
+            "irreversible": self.irreversible,
+        }
+
+
+ApprovalRule = Callable[[Any], bool]  # validated arguments -> whether a human must approve
+
+
+def always(_arguments: Any) -> bool:
+    return True
+
+
+def never(_arguments: Any) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
 class ToolDescription:
     summary: str
     when_to_use: str
@@ -118,6 +152,31 @@ class Tool:
     redact_fields: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset({"tools:call"})
     open_world: bool = True  # talks to a system outside the ledger (MCP's openWorldHint)
+    # None: every high and irreversible mutation needs a human's approval, low ones do not
+    approval: ApprovalRule | None = None
+    describe_impact: Callable[[Any], Impact] | None = None
+
+    def needs_approval(self, arguments: BaseModel) -> bool:
+        if not self.keyed:
+            return False
+        if self.approval is None:
+            return self.risk is not RiskTier.LOW
+        return self.approval(arguments)
+
+    def _approval_rule_name(self) -> str:
+        if not self.keyed or self.approval is never:
+            return "none"
+        if self.approval is None:
+            return "none" if self.risk is RiskTier.LOW else "required"
+        return "required" if self.approval is always else "by arguments"
+
+    def impact(self, arguments: BaseModel) -> Impact:
+        if self.describe_impact is not None:
+            return self.describe_impact(arguments)
+        return Impact(
+            summary=f"Run {self.name} (version {self.version}).",
+            irreversible=self.risk is RiskTier.IRREVERSIBLE,
+        )
 
     @property
     def keyed(self) -> bool:
@@ -151,6 +210,7 @@ class Tool:
             "idempotency_key_required": self.keyed,
             "redact_fields": sorted(self.redact_fields),
             "scopes": sorted(self.scopes),
+            "approval": self._approval_rule_name(),
             "description": self.description.text(),
             "arguments_schema": self.arguments.model_json_schema(),
             "result_schema": self.result.model_json_schema(),

@@ -3,14 +3,13 @@ bad input gets its documented 4xx and executes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Query, Request
@@ -21,22 +20,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.governance import DEFAULT_TOKEN_TTL
+from producers.http import governance
 from producers.http.auth import Authenticator, AuthFailure, TokenStore, failure_counter
+from producers.http.governance import RunBudget, SwitchCache
 from producers.http.headers import idempotency_key, wait_seconds
 from producers.http.metrics import Metrics
-from producers.http.problems import Problem, page, problem, problem_bytes
+from producers.http.problems import Problem, page, problem
 from producers.http.ratelimit import RateLimiter, Refusal
+from producers.http.responses import (
+    JSON,
+    PROBLEM,
+    error_response,
+    field_errors,
+    not_found,
+    problem_response,
+    read_capped,
+    validation_failed,
+)
 from schemas.calls import CallFilter, CallQueries, CallView, decode_cursor
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.errors import ErrorCode
+from schemas.events import ApprovalRequested
 from schemas.keys import CallKey, InvalidIdempotencyKey
 from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.http")
 
-PROBLEM = "application/problem+json"
-JSON = "application/json"
 MAX_BODY_BYTES = (1 << 20) + (64 << 10)  # the 1 MiB argument limit plus room for the envelope
-PROJECTION_WAIT_S = 10.0
 CALL_ID = re.compile(r"call_[0-9a-f]{32}")  # CallKey.call_id: anything else is not a call
 
 
@@ -61,6 +71,9 @@ class FrontDoor:
     limiter: RateLimiter | None = None
     # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)
     authenticator: Authenticator | None = None
+    budget: RunBudget | None = field(default_factory=RunBudget)
+    approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
+    switch_cache: SwitchCache = field(default_factory=SwitchCache)
     auth_failures: Counter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,44 +188,6 @@ def _problem_media(schema: dict[str, Any]) -> None:
         components.pop("ValidationError", None)
 
 
-def _field_errors(errors: Any) -> list[FieldError]:
-    return [
-        FieldError(
-            loc=".".join(str(p) for p in e.get("loc", ())) or "$",
-            msg=str(e.get("msg", "invalid")),
-            type=str(e.get("type", "invalid")),
-        )
-        for e in errors
-    ]
-
-
-def _validation_failed(summary: str, errors: list[FieldError]) -> Response:
-    detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors[:5])
-    info = ErrorInfo.of(ErrorCode.VALIDATION_FAILED, f"{summary} {detail}".strip()[:1000])
-    return _problem_response(problem(info, errors=errors[:50]))
-
-
-def _not_found(detail: str, action: str) -> Response:
-    info = ErrorInfo(code="NOT_FOUND", message=detail, retryable=False, suggested_action=action)
-    return _problem_response(problem(info, status=404))
-
-
-def _problem_response(p: Problem, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        problem_bytes(p), status_code=p.status, media_type=PROBLEM, headers=dict(headers or {})
-    )
-
-
-def _error(
-    code: ErrorCode,
-    message: str,
-    *,
-    status: int | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> Response:
-    return _problem_response(problem(ErrorInfo.of(code, message), status=status), headers)
-
-
 def _unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) -> Response:
     """401, counted and logged (never with the token)."""
     door.auth_failures.labels(failure.reason, failure.kind).inc()
@@ -228,7 +203,7 @@ def _unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) ->
         },
     )
     challenge = "Bearer" if failure.reason == "missing" else 'Bearer error="invalid_token"'
-    return _error(
+    return error_response(
         ErrorCode.UNAUTHENTICATED, failure.detail, headers={"WWW-Authenticate": challenge}
     )
 
@@ -248,7 +223,7 @@ def _rate_limited(
             "retry_after_s": refusal.retry_after_s,
         },
     )
-    return _error(
+    return error_response(
         ErrorCode.RATE_LIMITED,
         f"{refusal.detail} Retry in {refusal.retry_after_s} s.",
         headers={"Retry-After": str(refusal.retry_after_s)},
@@ -257,20 +232,6 @@ def _rate_limited(
 
 def _view_bytes(view: CallView) -> bytes:
     return view.model_dump_json(exclude=_HIDDEN).encode()
-
-
-async def _read_capped(request: Request, cap: int) -> bytes | None:
-    """The body, or ``None`` if it is larger than ``cap`` (stops reading there)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > cap:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def create_app(door: FrontDoor) -> FastAPI:
@@ -300,17 +261,17 @@ def create_app(door: FrontDoor) -> FastAPI:
             retryable=False,
             suggested_action="Check the method and the path against /openapi.json.",
         )
-        return _problem_response(p, getattr(exc, "headers", None))
+        return problem_response(p, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        return _validation_failed("The request is invalid:", _field_errors(exc.errors()))
+        return validation_failed("The request is invalid:", field_errors(exc.errors()))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         # never a stack trace or a driver message to the caller; the log has the details
         log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
-        return _error(
+        return error_response(
             ErrorCode.INTERNAL,
             "The ledger could not answer this request.",
             headers={"Retry-After": "1"},
@@ -358,27 +319,29 @@ def create_app(door: FrontDoor) -> FastAPI:
             return context
         info = door.tools.get(tool)
         if info is None:
-            return _error(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {tool!r}.")
+            return error_response(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {tool!r}.")
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != JSON:
-            return _error(ErrorCode.VALIDATION_FAILED, "Send the body as application/json.")
-        raw = await _read_capped(request, MAX_BODY_BYTES)
+            return error_response(ErrorCode.VALIDATION_FAILED, "Send the body as application/json.")
+        raw = await read_capped(request, MAX_BODY_BYTES)
         if raw is None:
-            return _error(
+            return error_response(
                 ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {MAX_BODY_BYTES} bytes."
             )
         try:
             body = CallBody.model_validate_json(raw)
         except ValidationError as exc:
-            return _validation_failed("The body is not a valid call:", _field_errors(exc.errors()))
+            return validation_failed("The body is not a valid call:", field_errors(exc.errors()))
         key: str | None = None
         if info.keyed:
             try:
                 key = idempotency_key(request.headers.getlist("idempotency-key"))
             except InvalidIdempotencyKey as exc:
-                return _error(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + ".")
+                return error_response(
+                    ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + "."
+                )
             if key is None:
-                return _error(
+                return error_response(
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
                     f"{tool} changes something: send an Idempotency-Key header.",
                 )
@@ -386,6 +349,9 @@ def create_app(door: FrontDoor) -> FastAPI:
             refusal = door.limiter.acquire(context.tenant_id, tool)
             if refusal is not None:  # nothing appended: the key stays unused
                 return _rate_limited(door, context, tool, refusal)
+        refused = await governance.precheck(door, context, tool, key, body.run_id)
+        if refused is not None:
+            return refused
         wait = wait_seconds(request.headers.getlist("prefer"))
         result = await door.client.call(
             tool,
@@ -401,6 +367,8 @@ def create_app(door: FrontDoor) -> FastAPI:
         door.metrics.observe(tool, response.status_code, result, time.monotonic() - started)
         return response
 
+    governance.add_routes(app, door, authenticate, _ERRORS)
+
     @app.get("/v1/calls/{call_id}", responses={200: {"model": Call}, **_ERRORS})
     async def get_call(call_id: str, request: Request) -> Response:
         context = authenticate(request)
@@ -412,7 +380,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             else None
         )
         if view is None:  # another tenant's call is not found, never forbidden
-            return _not_found("No call with this id.", _NO_CALL)
+            return not_found("No call with this id.", _NO_CALL)
         return Response(_view_bytes(view), media_type=JSON)
 
     @app.get("/v1/calls", responses={200: {"model": CallList}, **_ERRORS})
@@ -433,7 +401,9 @@ def create_app(door: FrontDoor) -> FastAPI:
         try:
             after = decode_cursor(cursor) if cursor else None
         except ValueError:
-            return _error(ErrorCode.VALIDATION_FAILED, "The cursor is not one this API gave out.")
+            return error_response(
+                ErrorCode.VALIDATION_FAILED, "The cursor is not one this API gave out."
+            )
         found = await door.queries.search(
             context.tenant_id,
             CallFilter(tool, idempotency_key, run_id, status),
@@ -457,7 +427,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             else None
         )
         if events is None:
-            return _not_found("No call with this id.", _NO_CALL)
+            return not_found("No call with this id.", _NO_CALL)
         body = {"items": events, "next_cursor": None}
         return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
 
@@ -499,7 +469,7 @@ def create_app(door: FrontDoor) -> FastAPI:
     async def problem_page(code: str) -> Response:
         text = page(code)
         if text is None:
-            return _not_found("No such problem type.", "See /openapi.json for the error codes.")
+            return not_found("No such problem type.", "See /openapi.json for the error codes.")
         return HTMLResponse(text)
 
     return app
@@ -517,13 +487,13 @@ async def _answer(
     if result.rejected:
         assert result.error is not None
         retry = result.error.code in (ErrorCode.IDEMPOTENCY_KEY_IN_USE, ErrorCode.RATE_LIMITED)
-        return _problem_response(
-            problem(result.error, errors=list(result.field_errors)),
-            {"Retry-After": "1"} if retry else None,
-        )
+        body = problem(result.error, errors=list(result.field_errors))
+        if isinstance(result.event, ApprovalRequested):
+            body.approval_request = await governance.approval_request(door, result.event)
+        return problem_response(body, {"Retry-After": "1"} if retry else None)
     if result.status is CallStatus.PENDING:
         if result.error is not None and result.error.code == ErrorCode.INTERNAL:
-            return _problem_response(problem(result.error), {"Retry-After": "1"})
+            return problem_response(problem(result.error), {"Retry-After": "1"})
         view = await door.queries.get(context.tenant_id, call_id) if key else None
         if view is not None and view.status.is_final:
             # it finished between the end of the wait and this read: answer the outcome
@@ -535,7 +505,7 @@ async def _answer(
             and view.status is CallStatus.PENDING
             and not await _ours(door, view, result)
         ):
-            return _error(
+            return error_response(
                 ErrorCode.IDEMPOTENCY_KEY_IN_USE,
                 f"The call with this key is still running after {wait:g} s.",
                 headers={"Retry-After": "1"},
@@ -549,7 +519,7 @@ async def _answer(
         return Response(_view_bytes(_transient_view(context, tool, result)), media_type=JSON)
     view = await _projected(door, context.tenant_id, call_id, result.event.event_id)
     if view is None:
-        return _error(
+        return error_response(
             ErrorCode.INTERNAL,
             "The call finished; its record is not readable yet.",
             headers={"Retry-After": "1"},
@@ -566,11 +536,8 @@ async def _projected(
     door: FrontDoor, tenant_id: str, call_id: str, event_id: str
 ) -> CallView | None:
     """The Call resource once the projection has applied the answering event (bounded)."""
-    deadline = time.monotonic() + PROJECTION_WAIT_S
-    while not await door.queries.applied(event_id):
-        if time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.01)
+    if not await governance.applied_within(door.queries, event_id, governance.PROJECTION_WAIT_S):
+        return None
     return await door.queries.get(tenant_id, call_id)
 
 

@@ -31,6 +31,12 @@ class Metrics:
             ["tool", "code"],
             registry=self.registry,
         )
+        self.operator_actions = Counter(
+            "toolledger_http_operator_actions",
+            "Approvals, denials and switches confirmed by the ledger or appended.",
+            ["action"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "toolledger_http_call_seconds",
             "Latency of tool calls.",

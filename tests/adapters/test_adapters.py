@@ -216,9 +216,9 @@ async def test_tool_use_runs_through_the_ledger(setup: Setup) -> None:
 
 
 async def test_retried_tool_use_with_a_new_id_executes_once(setup: Setup) -> None:
-    charge: dict[str, object] = {"customer_id": "c1", "amount_cents": 500, "currency": "EUR"}
+    ticket: dict[str, object] = {"title": "Refund order 1234"}
     first = await execute_tool_use(
-        tool_use("toolu_A", "charge_card", charge),
+        tool_use("toolu_A", "create_ticket", ticket),
         setup.client,
         setup.tools,
         ACME,
@@ -226,7 +226,7 @@ async def test_retried_tool_use_with_a_new_id_executes_once(setup: Setup) -> Non
         "step-3",
     )
     retried = await execute_tool_use(
-        tool_use("toolu_B", "charge_card", dict(charge)),
+        tool_use("toolu_B", "create_ticket", dict(ticket)),
         setup.client,
         setup.tools,
         ACME,
@@ -237,7 +237,20 @@ async def test_retried_tool_use_with_a_new_id_executes_once(setup: Setup) -> Non
     assert content_of(retried)["replayed"] is True
     assert content_of(retried)["result"] == content_of(first)["result"]
     key = derive_idempotency_key("run-6", "step-3")
-    assert setup.store.effect_count("acme", "charge_card", key) == 1
+    assert setup.store.effect_count("acme", "create_ticket", key) == 1
+
+
+async def test_an_unapproved_charge_is_an_error_result_that_says_so(setup: Setup) -> None:
+    charge: dict[str, object] = {"customer_id": "c1", "amount_cents": 500, "currency": "EUR"}
+    answer = await execute_tool_use(
+        tool_use("toolu_C", "charge_card", charge), setup.client, setup.tools, ACME, "run-8", "s"
+    )
+    assert answer.get("is_error") is True
+    error = content_of(answer)["error"]
+    assert error["code"] == "APPROVAL_REQUIRED" and error["retryable"] is False
+    assert "approval request apr_" in error["message"]
+    key = derive_idempotency_key("run-8", "s")
+    assert setup.store.effect_count("acme", "charge_card", key) == 0
 
 
 async def test_tool_use_failures_are_error_results(setup: Setup) -> None:

@@ -149,3 +149,19 @@ async def raw_request(
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     return RawResponse(int(status_line.split()[1]), headers, payload)
+
+
+async def approval_token(
+    client: httpx.AsyncClient, tool: str, arguments: Mapping[str, Any], key: str
+) -> str:
+    """Ask for ``tool`` (428), have the acme operator approve the request, return the token."""
+    from tests.http.servers import OPERATOR
+
+    asked = await post_call(client, tool, arguments, key=key)
+    request = assert_problem(asked, 428, "APPROVAL_REQUIRED")["approval_request"]
+    approved = await client.post(
+        f"/v1/approval-requests/{request['id']}/approve", headers=OPERATOR.headers
+    )
+    assert approved.status_code == 200, approved.text
+    token: str = approved.json()["approval_token"]
+    return token

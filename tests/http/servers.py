@@ -38,10 +38,14 @@ class Token:
         return {"Authorization": f"Bearer {self.token}"}
 
 
-ACME = Token(f"acme-{uuid.uuid4().hex}", "acme", "alice", ("tools:call", "operator"))
+ACME = Token(f"acme-{uuid.uuid4().hex}", "acme", "alice", ("tools:call",))
 GLOBEX = Token(f"globex-{uuid.uuid4().hex}", "globex", "bob", ("tools:call",))
 NO_SCOPE = Token(f"noscope-{uuid.uuid4().hex}", "acme", "mallory", ())
-TOKENS = (ACME, GLOBEX, NO_SCOPE)
+OPERATOR = Token(f"op-{uuid.uuid4().hex}", "acme", "olga", ("operator",))
+# an operator who is also a caller: may not approve what it asked for itself
+SELF_OP = Token(f"selfop-{uuid.uuid4().hex}", "acme", "sam", ("tools:call", "operator"))
+PLATFORM_OP = Token(f"root-{uuid.uuid4().hex}", "platform", "root", ("operator", "operator:global"))
+TOKENS = (ACME, GLOBEX, NO_SCOPE, OPERATOR, SELF_OP, PLATFORM_OP)
 
 
 def write_tokens(path: Path) -> Path:

@@ -8,7 +8,15 @@ import uuid
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.http.helpers import JSON, PROBLEM, assert_call, assert_problem, media_type, post_call
+from tests.http.helpers import (
+    JSON,
+    PROBLEM,
+    approval_token,
+    assert_call,
+    assert_problem,
+    media_type,
+    post_call,
+)
 from tests.http.servers import GLOBEX, Server
 
 
@@ -95,7 +103,8 @@ async def test_events_are_the_redacted_audit_trail_in_order(
     secret_to = f"very.private.{uuid.uuid4().hex[:8]}@example.com"
     secret_body = f"body-{uuid.uuid4().hex}"
     args = {"to": secret_to, "subject": "Your refund", "body": secret_body}
-    sent = await post_call(client, "send_email", args, key=key)
+    token = await approval_token(client, "send_email", args, key)
+    sent = await post_call(client, "send_email", args, key=key, approval_token=token)
     call = assert_call(sent, "SUCCEEDED", replayed=False)
     replay = await post_call(client, "send_email", args, key=key)
     assert replay.headers["idempotent-replayed"] == "true"
@@ -104,7 +113,11 @@ async def test_events_are_the_redacted_audit_trail_in_order(
     data = response.json()
     assert set(data) >= {"items"} and "next_cursor" in data
     types = [event["type"] for event in data["items"]]
-    assert types[:2] == ["ToolCallStarted", "ToolCallSucceeded"], types
+    assert types[:5] == [
+        "ApprovalRequested", "ApprovalGranted", "ApprovalConsumed", "ToolCallStarted",
+        "ToolCallSucceeded",
+    ], types  # fmt: skip
+    assert token not in response.text  # the log keeps only the token's digest
     assert "ToolCallReplayed" in types
     assert secret_to not in response.text and secret_body not in response.text
     assert "very.private" not in response.text

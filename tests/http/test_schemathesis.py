@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.http.servers import ACME, Server
+from tests.http.servers import SELF_OP, Server
 
 CHECKS = (
     "not_a_server_error,response_schema_conformance,status_code_conformance,"
@@ -44,7 +44,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         "run",
         f"{embedded_server.base_url}/openapi.json",
         "--header",
-        f"Authorization: Bearer {ACME.token}",
+        f"Authorization: Bearer {SELF_OP.token}",
         "--checks",
         CHECKS,
         "--max-examples",

@@ -180,6 +180,7 @@ SAMPLES: list[Event] = [
     ApprovalRequested(
         envelope=envelope(15),
         approval_id="apr_001",
+        arguments_redacted_json='{"amount_eur":1250.5,"iban":"hmac:0a1b"}',
         impact_json='{"amount_eur":1250.5,"recipient":"Société Générale"}',
         expires_at=T0 + timedelta(hours=24, microseconds=1),
     ),
@@ -429,7 +430,10 @@ def test_naive_datetime_in_envelope_is_rejected() -> None:
 
 def test_naive_datetime_in_payload_is_rejected() -> None:
     event = ApprovalRequested(
-        envelope=envelope(), approval_id="a", impact_json="{}", expires_at=datetime(2024, 5, 2)
+        envelope=envelope(),
+        approval_id="a",
+        arguments_redacted_json="{}",
+        impact_json="{}", expires_at=datetime(2024, 5, 2)
     )
     with pytest.raises(InvalidEvent, match="expires_at is a naive datetime") as info:
         codec.encode(event)

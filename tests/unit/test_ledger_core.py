@@ -466,6 +466,7 @@ def _intent_of(row: Row, state: CallState | None) -> str:
     if isinstance(row.when, Recover | Sweep):
         assert state is not None
         return state.context.intent_id
+    assert isinstance(row.when, Submit | AttemptFinished | ReconcileFinished)
     return row.when.context.intent_id
 
 

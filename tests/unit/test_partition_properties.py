@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from processors.ledger import CallState, Found, NotHappened, ReconcileOutcome
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionWorker
+from processors.runtime.snapshot import Snapshot
 from processors.tools.manifest import RetryPolicy, Tool, ToolContext, ToolDescription, ToolError
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
@@ -77,8 +78,8 @@ class MemoryStore:
     commits: int = 0
     crash_at: int | None = None
 
-    async def load_states(self, partition: int) -> dict[str, CallState]:
-        return dict(self.states)
+    async def load(self, partition: int) -> Snapshot:
+        return Snapshot(states=dict(self.states))
 
     async def commit(self, batch: CommitBatch) -> None:
         self.commits += 1

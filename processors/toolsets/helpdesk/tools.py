@@ -14,6 +14,7 @@ from processors.ledger import Found, NotHappened, ReconcileOutcome
 from processors.tools.manifest import (
     EffectClass,
     HandlerResult,
+    Impact,
     ReconcileHook,
     RetryPolicy,
     RiskTier,
@@ -183,6 +184,26 @@ class Helpdesk:
         return HandlerResult(Written(write_id=write_id), downstream_request_id=write_id)
 
 
+def _email_impact(args: SendEmailArgs) -> Impact:
+    return Impact(
+        summary=f"Send the email {args.subject!r} ({len(args.body)} characters) to a customer.",
+        target="one recipient (address redacted)",
+        scope="one email, outside the company",
+        irreversible=True,
+    )
+
+
+def _charge_impact(args: ChargeCardArgs) -> Impact:
+    amount = f"{args.amount_cents / 100:.2f} {args.currency}"
+    return Impact(
+        summary=f"Charge {amount} to a customer's card on file.",
+        target="one customer (id redacted)",
+        scope="one card payment",
+        cost=amount,
+        irreversible=True,
+    )
+
+
 _REPLAY = (
     "Calling again with the same idempotency key and arguments returns the stored "
     "outcome without running it again; the same key with other arguments is refused."
@@ -250,6 +271,7 @@ def helpdesk_registry(
             result=EmailSent,
             handler=desk.send_email,
             risk=RiskTier.HIGH,
+            describe_impact=_email_impact,
             reconcile=desk.reconciler(EmailSent, "message_id"),
             redact_fields=frozenset({"to", "body"}),
             description=ToolDescription(
@@ -266,6 +288,7 @@ def helpdesk_registry(
             result=Charge,
             handler=desk.charge_card,
             risk=RiskTier.IRREVERSIBLE,
+            describe_impact=_charge_impact,
             reconcile=desk.reconciler(Charge, "charge_id"),
             redact_fields=frozenset({"customer_id"}),
             description=ToolDescription(

@@ -1,0 +1,160 @@
+"""Approvals and kill switches as state folded from events, like the calls themselves.
+
+An approval request belongs to one call key (tenant, tool, idempotency key) and one args
+digest; its book lives next to the key's call state in the key's partition, so the token is
+consumed in the same atomic write as the ``ToolCallStarted`` it allows. A switch is recorded
+in every partition, so each partition knows, in its own input order, which tools are off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.events import (
+    ApprovalConsumed,
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    ToolDisabled,
+    ToolEnabled,
+)
+
+ANY = "*"  # a switch's tenant or tool that matches every tenant or tool
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    CONSUMED = "consumed"
+
+
+class Approval(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    approval_id: str
+    args_digest: str
+    status: ApprovalStatus
+    expires_at: datetime  # the request's expiry; once approved, the token's
+    arguments_redacted_json: str
+    impact_json: str
+    token_digest: str | None = None
+    reason: str | None = None
+
+
+class ApprovalBook(BaseModel):
+    """Every approval request made for one call key, oldest first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    items: tuple[Approval, ...] = ()
+
+    def get(self, approval_id: str) -> Approval | None:
+        return next((a for a in self.items if a.approval_id == approval_id), None)
+
+    def by_token(self, token_digest: str) -> Approval | None:
+        return next((a for a in self.items if a.token_digest == token_digest), None)
+
+    def latest_for(self, args_digest: str) -> Approval | None:
+        return next((a for a in reversed(self.items) if a.args_digest == args_digest), None)
+
+    def _with(self, approval_id: str, **update: object) -> ApprovalBook:
+        return ApprovalBook(
+            items=tuple(
+                a.model_copy(update=update) if a.approval_id == approval_id else a
+                for a in self.items
+            )
+        )
+
+
+APPROVAL_EVENTS = (ApprovalRequested, ApprovalGranted, ApprovalDenied, ApprovalConsumed)
+
+
+def evolve_approvals(book: ApprovalBook | None, event: Event) -> ApprovalBook | None:
+    """The book after ``event``; None when the event is not about approvals."""
+    book = book or ApprovalBook()
+    if isinstance(event, ApprovalRequested):
+        if book.get(event.approval_id) is not None:
+            return book  # asked again while pending: the first request stands
+        approval = Approval(
+            approval_id=event.approval_id,
+            args_digest=event.envelope.args_digest,
+            status=ApprovalStatus.PENDING,
+            expires_at=event.expires_at,
+            arguments_redacted_json=event.arguments_redacted_json,
+            impact_json=event.impact_json,
+        )
+        return ApprovalBook(items=(*book.items, approval))
+    if isinstance(event, ApprovalGranted):
+        return book._with(
+            event.approval_id,
+            status=ApprovalStatus.APPROVED,
+            token_digest=event.token_digest,
+            expires_at=event.expires_at,
+        )
+    if isinstance(event, ApprovalDenied):
+        return book._with(event.approval_id, status=ApprovalStatus.DENIED, reason=event.reason)
+    if isinstance(event, ApprovalConsumed):
+        return book._with(event.approval_id, status=ApprovalStatus.CONSUMED)
+    return None
+
+
+class Switch(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant_id: str  # ANY: every tenant
+    tool: str  # ANY: every tool
+    enabled: bool
+    reason: str
+    actor: str
+    changed_at: datetime
+    intent_id: str
+
+
+SwitchEvent = ToolDisabled | ToolEnabled
+
+
+def switch_key(tenant_id: str, tool: str) -> str:
+    return json.dumps([tenant_id, tool], ensure_ascii=False, separators=(",", ":"))
+
+
+def switch_of(event: SwitchEvent) -> Switch:
+    env = event.envelope
+    return Switch(
+        tenant_id=env.tenant_id,
+        tool=env.tool,
+        enabled=isinstance(event, ToolEnabled),
+        reason=event.reason,
+        actor=event.actor,
+        changed_at=env.occurred_at,
+        intent_id=env.intent_id,
+    )
+
+
+def newer(current: Switch | None, candidate: Switch) -> bool:
+    """Whether ``candidate`` replaces ``current`` (the later change wins, ties by id)."""
+    if current is None:
+        return True
+    return (candidate.changed_at, candidate.intent_id) >= (current.changed_at, current.intent_id)
+
+
+def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switch | None:
+    """The switch that keeps ``tool`` off for ``tenant_id``, if any: tenant-specific and
+    global switches, for the tool and for every tool, each on its own."""
+    for tenant in (tenant_id, ANY):
+        for name in (tool, ANY):
+            switch = switches.get(switch_key(tenant, name))
+            if switch is not None and not switch.enabled:
+                return switch
+    return None
+
+
+def token_digest(token: str) -> str:
+    """What the ledger keeps of an approval token: never the token itself."""
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()

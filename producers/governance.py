@@ -1,0 +1,122 @@
+"""Operators' commands, as records for the intents stream: approval decisions and switches.
+
+The front door builds them from what it trusts (the operator's authenticated identity, the
+approval request as projected); the executor decides whether they apply, in the order of the
+call key's partition, and answers each with the event it recorded or a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from processors.ledger.governance import ANY, token_digest
+from schemas.events import ApprovalDenied, ApprovalGranted, Envelope, ToolDisabled, ToolEnabled
+from schemas.keys import CallKey
+
+DEFAULT_TOKEN_TTL = timedelta(minutes=10)
+MAX_REASON_CHARS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalTarget:
+    """The call an approval request is about (from the projection of its request)."""
+
+    approval_id: str
+    tenant_id: str
+    tool: str
+    idempotency_key: str
+    args_digest: str
+
+
+def _envelope(
+    intent_id: str,
+    kind: str,
+    *,
+    call_key: str,
+    tenant_id: str,
+    tool: str,
+    idempotency_key: str,
+    args_digest: str,
+    actor: str,
+    now: datetime,
+) -> Envelope:
+    return Envelope(
+        event_id=f"{intent_id}/{kind}/1",
+        call_key=call_key,
+        tenant_id=tenant_id,
+        tool=tool,
+        tool_version="",
+        idempotency_key=idempotency_key,
+        args_digest=args_digest,
+        intent_id=intent_id,
+        principal=actor,
+        occurred_at=now,
+    )
+
+
+def approve(
+    target: ApprovalTarget, approver: str, now: datetime, ttl: timedelta = DEFAULT_TOKEN_TTL
+) -> tuple[ApprovalGranted, str]:
+    """The decision to append and the token to hand to the operator (never logged: the
+    record carries only its digest)."""
+    token = f"apt_{secrets.token_urlsafe(32)}"
+    intent_id = uuid.uuid4().hex
+    record = ApprovalGranted(
+        envelope=_call_envelope(intent_id, "approve", target, approver, now),
+        approval_id=target.approval_id,
+        approver=approver,
+        token_digest=token_digest(token),
+        expires_at=now + ttl,
+    )
+    return record, token
+
+
+def deny(target: ApprovalTarget, approver: str, reason: str, now: datetime) -> ApprovalDenied:
+    intent_id = uuid.uuid4().hex
+    return ApprovalDenied(
+        envelope=_call_envelope(intent_id, "deny", target, approver, now),
+        approval_id=target.approval_id,
+        approver=approver,
+        reason=reason,
+    )
+
+
+def _call_envelope(
+    intent_id: str, kind: str, target: ApprovalTarget, actor: str, now: datetime
+) -> Envelope:
+    return _envelope(
+        intent_id,
+        kind,
+        call_key=str(CallKey(target.tenant_id, target.tool, target.idempotency_key)),
+        tenant_id=target.tenant_id,
+        tool=target.tool,
+        idempotency_key=target.idempotency_key,
+        args_digest=target.args_digest,
+        actor=actor,
+        now=now,
+    )
+
+
+def switch(
+    *, tenant_id: str, tool: str, enabled: bool, actor: str, reason: str, now: datetime
+) -> ToolDisabled | ToolEnabled:
+    """``tenant_id`` or ``tool`` may be ``*`` (every tenant, every tool)."""
+    intent_id = uuid.uuid4().hex
+    envelope = _envelope(
+        intent_id,
+        "switch",
+        call_key="switch:" + json.dumps([tenant_id, tool], separators=(",", ":")),
+        tenant_id=tenant_id,
+        tool=tool,
+        idempotency_key="",
+        args_digest="",
+        actor=actor,
+        now=now,
+    )
+    scope = "global" if tenant_id == ANY else "tenant"
+    cls = ToolEnabled if enabled else ToolDisabled
+    return cls(envelope=envelope, scope=scope, actor=actor, reason=reason)

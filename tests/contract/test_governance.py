@@ -1,0 +1,209 @@
+"""Approvals and kill switches live in the log: the same behaviour on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+from producers import governance
+from producers.client import CallResult, TrustedContext
+from schemas.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    ToolCallRejected,
+    ToolDisabled,
+    ToolEnabled,
+)
+from tests.contract.harness import ACME, GLOBEX, Harness
+
+CHARGE = {"customer_id": "cus_secret_42", "amount_cents": 1250, "currency": "EUR"}
+
+
+def _request(result: CallResult) -> ApprovalRequested:
+    assert result.rejected and result.error is not None, result
+    assert result.error.code == "APPROVAL_REQUIRED" and not result.error.retryable
+    assert isinstance(result.event, ApprovalRequested)
+    return result.event
+
+
+def _target(request: ApprovalRequested) -> governance.ApprovalTarget:
+    env = request.envelope
+    return governance.ApprovalTarget(
+        request.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
+    )
+
+
+async def _approve(
+    ledger: Harness, request: ApprovalRequested, ttl: timedelta = timedelta(minutes=10)
+) -> tuple[Event | None, str]:
+    record, token = governance.approve(_target(request), "op@acme", datetime.now(UTC), ttl)
+    return await ledger.client.command(record), token
+
+
+async def _charge(
+    ledger: Harness, key: str, token: str | None = None, args: dict[str, object] = CHARGE
+) -> CallResult:
+    return await ledger.client.call(
+        "charge_card", args, idempotency_key=key, context=ACME, approval_token=token
+    )
+
+
+def _refused(result: CallResult, code: str) -> None:
+    assert result.rejected and result.error is not None, result
+    assert result.error.code == code, result.error
+
+
+async def test_a_high_risk_call_waits_for_approval_then_runs_once(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-1"))
+    assert ledger.effects("charge_card", "pay-1") == 0
+    impact = json.loads(request.impact_json)
+    assert impact["irreversible"] is True and impact["cost"] == "12.50 EUR"
+    arguments = json.loads(request.arguments_redacted_json)
+    assert arguments["amount_cents"] == 1250 and "cus_secret_42" not in json.dumps(arguments)
+    # asking again answers with the same request
+    assert _request(await _charge(ledger, "pay-1")).approval_id == request.approval_id
+
+    granted, token = await _approve(ledger, request)
+    assert isinstance(granted, ApprovalGranted) and granted.approver == "op@acme"
+    assert token not in granted.model_dump_json()  # only its digest is in the log
+    result = await _charge(ledger, "pay-1", token)
+    assert result.ok and not result.replayed, result
+    assert ledger.effects("charge_card", "pay-1") == 1
+
+    # approval does not replace the key: the same call replays, with or without the token
+    for again in (await _charge(ledger, "pay-1", token), await _charge(ledger, "pay-1")):
+        assert again.ok and again.replayed and again.result == result.result
+    assert ledger.effects("charge_card", "pay-1") == 1
+    # a second use on another call: refused
+    _refused(await _charge(ledger, "pay-2", token), "APPROVAL_INVALID")
+    assert ledger.effects("charge_card", "pay-2") == 0
+
+
+async def test_tokens_bind_to_the_exact_call(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-b"))
+    _, token = await _approve(ledger, request)
+    other_args = {**CHARGE, "amount_cents": 999_999}
+    _refused(await _charge(ledger, "pay-b", token, other_args), "APPROVAL_INVALID")
+    _refused(await _charge(ledger, "pay-b", token[:-4]), "APPROVAL_INVALID")  # truncated
+    _refused(await _charge(ledger, "pay-b", "apt_forged"), "APPROVAL_INVALID")
+    other_tenant = await ledger.client.call(
+        "charge_card", CHARGE, idempotency_key="pay-b", context=GLOBEX, approval_token=token
+    )
+    _refused(other_tenant, "APPROVAL_INVALID")
+    assert _total(ledger, "charge_card") == 0
+    # the refusals consumed nothing: the right call still runs
+    assert (await _charge(ledger, "pay-b", token)).ok
+    assert ledger.effects("charge_card", "pay-b") == 1
+
+
+async def test_racing_calls_cannot_both_use_a_token(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-race"))
+    _, token = await _approve(ledger, request)
+    same_key = [_charge(ledger, "pay-race", token) for _ in range(5)]
+    other_keys = [_charge(ledger, f"pay-race-{i}", token) for i in range(5)]
+    results = await asyncio.gather(*same_key, *other_keys)
+    assert ledger.effects("charge_card", "pay-race") == 1
+    assert _total(ledger, "charge_card") == 1
+    for result in results[5:]:
+        _refused(result, "APPROVAL_INVALID")
+
+
+async def test_an_expired_token_is_refused(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-exp"))
+    _, token = await _approve(ledger, request, ttl=timedelta(milliseconds=1))
+    await asyncio.sleep(0.05)
+    _refused(await _charge(ledger, "pay-exp", token), "APPROVAL_INVALID")
+    assert ledger.effects("charge_card", "pay-exp") == 0
+
+
+async def test_a_denied_call_stays_denied(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-d"))
+    record = governance.deny(_target(request), "op@acme", "Not agreed with the customer", _now())
+    denied = await ledger.client.command(record)
+    assert isinstance(denied, ApprovalDenied) and denied.reason == "Not agreed with the customer"
+    again = await _charge(ledger, "pay-d")
+    _refused(again, "APPROVAL_INVALID")
+    assert again.error is not None and "Not agreed" in again.error.message
+    late, _ = await _approve(ledger, request)  # a decided request cannot be decided again
+    assert isinstance(late, ToolCallRejected) and late.error.code == "APPROVAL_INVALID"
+    assert ledger.effects("charge_card", "pay-d") == 0
+
+
+async def test_approvals_survive_a_restart(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-rs"))
+    await ledger.restart(crash=True)
+    granted, token = await _approve(ledger, request)
+    assert isinstance(granted, ApprovalGranted)
+    await ledger.restart()
+    assert (await _charge(ledger, "pay-rs", token)).ok
+    _refused(await _charge(ledger, "pay-rs-2", token), "APPROVAL_INVALID")
+    assert _total(ledger, "charge_card") == 1
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _switch(ledger: Harness, tenant: str, tool: str, enabled: bool) -> Event | None:
+    record = governance.switch(
+        tenant_id=tenant, tool=tool, enabled=enabled, actor="op", reason="incident 7", now=_now()
+    )
+    return await ledger.client.command(record, broadcast=True)
+
+
+async def _ticket(ledger: Harness, key: str, context: TrustedContext = ACME) -> CallResult:
+    return await ledger.client.call(
+        "create_ticket", {"title": key}, idempotency_key=key, context=context
+    )
+
+
+def _total(ledger: Harness, tool: str) -> int:
+    return sum(n for (_, name, _), n in ledger.store.effect_counts().items() if name == tool)
+
+
+async def test_a_switched_off_tool_refuses_new_calls_but_replays(ledger: Harness) -> None:
+    done = await _ticket(ledger, "t-before")
+    assert done.ok
+    assert isinstance(await _switch(ledger, "acme", "create_ticket", False), ToolDisabled)
+    off = await _ticket(ledger, "t-during")
+    _refused(off, "TOOL_DISABLED")
+    assert off.error is not None and off.error.retryable and "incident 7" in off.error.message
+    replay = await _ticket(ledger, "t-before")
+    assert replay.ok and replay.replayed
+    assert (await _ticket(ledger, "t-globex", GLOBEX)).ok  # another tenant is not affected
+    await ledger.restart(crash=True)
+    _refused(await _ticket(ledger, "t-during"), "TOOL_DISABLED")  # the switch is durable
+    assert isinstance(await _switch(ledger, "acme", "create_ticket", True), ToolEnabled)
+    assert (await _ticket(ledger, "t-during")).ok  # the refusal did not consume the key
+    assert ledger.effects("create_ticket", "t-during") == 1
+
+
+async def test_a_global_switch_covers_every_tenant_and_tool(ledger: Harness) -> None:
+    await _switch(ledger, "*", "*", False)
+    _refused(await _ticket(ledger, "g-1"), "TOOL_DISABLED")
+    _refused(await _ticket(ledger, "g-2", GLOBEX), "TOOL_DISABLED")
+    await _switch(ledger, "*", "*", True)
+    assert (await _ticket(ledger, "g-1")).ok
+    assert _total(ledger, "create_ticket") == 1
+
+
+async def test_switch_and_approval_events_are_in_the_audit_trail(ledger: Harness) -> None:
+    request = _request(await _charge(ledger, "pay-audit"))
+    _, token = await _approve(ledger, request)
+    assert (await _charge(ledger, "pay-audit", token)).ok
+    await _switch(ledger, "acme", "send_email", False)
+
+    async def recorded() -> set[str]:
+        return {row["event_type"] for row in await ledger.event_rows()}
+
+    deadline = asyncio.get_running_loop().time() + 20
+    wanted = {"ApprovalRequested", "ApprovalGranted", "ApprovalConsumed", "ToolDisabled"}
+    while not wanted <= await recorded():
+        assert asyncio.get_running_loop().time() < deadline, await recorded()
+        await asyncio.sleep(0.05)
+    rows = [r for r in await ledger.event_rows() if r["event_type"] == "ApprovalGranted"]
+    assert token not in json.dumps(rows, default=str)
+    assert ledger.effects("charge_card", "pay-audit") == 1
