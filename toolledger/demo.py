@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -13,12 +14,15 @@ from rich.table import Table
 
 from processors.tools.manifest import RetryPolicy
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from producers import governance
 from producers.client import CallResult, LedgerClient, TrustedContext
 from producers.keys import derive_idempotency_key
+from schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
 
 AGENT = TrustedContext("acme", "support-agent-7")
+OPERATOR = "ops-lead-olga"
 RUN = "run-2026-11-29-0001"
 
 
@@ -96,13 +100,92 @@ async def _validation(client: LedgerClient, checks: Checks, key: str) -> None:
         and len(bad.field_errors) == 2,
         "validation: two field errors",
     )
+    charge = {"customer_id": "cus_42", "amount_cents": 1999, "currency": "EUR"}
+    asked = await client.call("charge_card", charge, idempotency_key=key, context=AGENT)
+    request = asked.event
+    checks.expect(
+        isinstance(request, ApprovalRequested)
+        and asked.error is not None
+        and asked.error.code == "APPROVAL_REQUIRED",
+        "approval: the corrected, irreversible charge waits for a human",
+    )
+    assert isinstance(request, ApprovalRequested)
+    impact = json.loads(request.impact_json)
+    checks.expect(
+        impact["irreversible"] is True and impact["cost"] == "19.99 EUR",
+        "approval: the request shows the cost and that it cannot be undone",
+    )
+    record, token = governance.approve(_target(request), OPERATOR, datetime.now(UTC))
+    granted = await client.command(record)
+    checks.expect(isinstance(granted, ApprovalGranted), "approval: the operator approved it")
     good = await client.call(
-        "charge_card",
-        {"customer_id": "cus_42", "amount_cents": 1999, "currency": "EUR"},
-        idempotency_key=key,
+        "charge_card", charge, idempotency_key=key, context=AGENT, approval_token=token
+    )
+    checks.expect(good.ok and not good.replayed, "approval: the approved charge ran once")
+    reused = await client.call(
+        "charge_card", charge, idempotency_key=key + "-again", context=AGENT, approval_token=token
+    )
+    checks.expect(
+        reused.error is not None and reused.error.code == "APPROVAL_INVALID",
+        "approval: the token does not work a second time",
+    )
+
+
+async def _denied(client: LedgerClient, checks: Checks, key: str) -> None:
+    email = {"to": "customer@example.com", "subject": "Your refund", "body": "It is on its way."}
+    asked = await client.call("send_email", email, idempotency_key=key, context=AGENT)
+    assert isinstance(asked.event, ApprovalRequested)
+    record = governance.deny(
+        _target(asked.event), OPERATOR, "Refunds are announced by finance.", datetime.now(UTC)
+    )
+    checks.expect(
+        isinstance(await client.command(record), ApprovalDenied), "denied: the operator said no"
+    )
+    again = await client.call("send_email", email, idempotency_key=key, context=AGENT)
+    checks.expect(
+        again.error is not None
+        and again.error.code == "APPROVAL_INVALID"
+        and "finance" in again.error.message,
+        "denied: the agent is told why, and nothing was sent",
+    )
+
+
+async def _switch(client: LedgerClient, checks: Checks, key: str) -> None:
+    async def flip(enabled: bool) -> None:
+        record = governance.switch(
+            tenant_id=AGENT.tenant_id,
+            tool="create_ticket",
+            enabled=enabled,
+            actor=OPERATOR,
+            reason="incident 42: duplicate tickets upstream",
+            now=datetime.now(UTC),
+        )
+        await client.command(record, broadcast=True)
+
+    args = {"title": "Printer on fire"}
+    await flip(False)
+    refused = await client.call("create_ticket", args, idempotency_key=key, context=AGENT)
+    checks.expect(
+        refused.error is not None and refused.error.code == "TOOL_DISABLED",
+        "kill switch: a new call is refused while the tool is off",
+    )
+    replay = await client.call(
+        "create_ticket",
+        {"title": "Customer cannot log in", "priority": "high"},
+        idempotency_key=_key("open-ticket"),
         context=AGENT,
     )
-    checks.expect(good.ok and not good.replayed, "validation: corrected call with the same key ran")
+    checks.expect(replay.ok and replay.replayed, "kill switch: a replay is still answered")
+    await flip(True)
+    done = await client.call("create_ticket", args, idempotency_key=key, context=AGENT)
+    checks.expect(done.ok and not done.replayed, "kill switch: back on, the same key runs once")
+
+
+def _target(request: ApprovalRequested) -> governance.ApprovalTarget:
+    env = request.envelope
+    return governance.ApprovalTarget(
+        request.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
+    )
 
 
 async def _transient(client: LedgerClient, checks: Checks, key: str) -> None:
@@ -141,7 +224,15 @@ SCENES = [
     Scene("retry of the same intent (3 times)", "create_ticket", _key("open-ticket"), _retries, 1),
     Scene("8 parallel branches, one key", "flaky_write", _key("parallel-write"), _parallel, 1),
     Scene("key reused with other arguments", "create_ticket", _key("refund"), _reuse, 1),
-    Scene("validation failure, then corrected", "charge_card", _key("charge"), _validation, 1),
+    Scene(
+        "validation failure, corrected, approved by a human",
+        "charge_card",
+        _key("charge"),
+        _validation,
+        1,
+    ),
+    Scene("approval denied: nothing sent", "send_email", _key("email"), _denied, 0),
+    Scene("kill switch off, replay served, back on", "create_ticket", _key("new"), _switch, 1),
     Scene("transient failure retried", "flaky_write", _key("transient"), _transient, 1),
     Scene("final failure replayed", "flaky_write", _key("final"), _final, 0),
     Scene("hang after effect -> UNKNOWN -> reconciled", "flaky_write", _key("hang"), _unknown, 1),
