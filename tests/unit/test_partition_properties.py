@@ -26,7 +26,7 @@ from processors.tools.manifest import RetryPolicy, Tool, ToolContext, ToolDescri
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.codec import decode, encode
-from schemas.events import Envelope, Event, ToolCallRequested, answers_intent
+from schemas.events import Envelope, Event, ToolCallRejected, ToolCallRequested, answers_intent
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 
@@ -78,8 +78,12 @@ class MemoryStore:
     commits: int = 0
     crash_at: int | None = None
 
+    snapshot: Snapshot = field(default_factory=Snapshot)  # approvals and switches
+
     async def load(self, partition: int) -> Snapshot:
-        return Snapshot(states=dict(self.states))
+        return Snapshot(
+            dict(self.states), dict(self.snapshot.approvals), dict(self.snapshot.switches)
+        )
 
     async def commit(self, batch: CommitBatch) -> None:
         self.commits += 1
@@ -88,6 +92,8 @@ class MemoryStore:
         await asyncio.sleep(0)
         self.outcomes.extend(batch.events)
         self.states.update(batch.states)
+        self.snapshot.approvals.update(batch.approvals)
+        self.snapshot.switches.update(batch.switches)
         if batch.next_offset is not None:
             self.position = batch.next_offset
 
@@ -200,3 +206,46 @@ def test_any_schedule_with_a_crash_executes_each_key_at_most_once(
             assert downstream.effects[idem] == 1, (key, state)
         if state.status is CallStatus.PENDING:
             raise AssertionError(f"{key} left PENDING after the worker finished")
+
+
+def _switch(enabled: bool) -> bytes:
+    from producers.governance import switch
+
+    return encode(
+        switch(
+            tenant_id="t",
+            tool="op",
+            enabled=enabled,
+            actor="op",
+            reason="incident",
+            now=datetime.now(UTC),
+        )
+    )
+
+
+def test_a_switch_refuses_intents_queued_before_it_and_survives_a_takeover() -> None:
+    downstream = Downstream()
+    stages = Stages(_registry(downstream), Redactor(b"k" * 32))
+    # a and b are fed before the switch but not yet decided when the worker reads it
+    log = [_intent("a", {"value": 1}), _intent("b", {"value": 1}), _switch(False)]
+    log.append(_intent("c", {"value": 1}))
+
+    async def scenario() -> MemoryStore:
+        store = MemoryStore()
+        assert await _run_until_done(log, store, stages)
+        log.append(_intent("d", {"value": 1}))  # read by a new owner, from the store
+        assert await _run_until_done(log, store, stages)
+        log.extend([_switch(True), _intent("e", {"value": 1})])
+        assert await _run_until_done(log, store, stages)
+        return store
+
+    store = asyncio.run(scenario())
+    codes = {
+        e.envelope.idempotency_key: e.error.code
+        for e in store.outcomes
+        if isinstance(e, ToolCallRejected)
+    }
+    assert codes == {k: "TOOL_DISABLED" for k in "abcd"}, codes
+    assert sum(downstream.effects.values()) == downstream.effects["e"] == 1
+    switched = [e.TYPE for e in store.outcomes if e.TYPE in ("ToolDisabled", "ToolEnabled")]
+    assert switched == ["ToolDisabled", "ToolEnabled"]
