@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -260,20 +261,20 @@ class PartitionWorker:
     # -- internals ------------------------------------------------------------------------
 
     def _decode(self, offset: int, value: bytes) -> Inbound | DeadLetter:
+        def dead(reason: str) -> DeadLetter:
+            # the record may carry raw arguments, which live only on the intents stream: the
+            # dead letter points at it (partition, offset) and names it by digest and size
+            digest = hashlib.sha256(value).hexdigest()[:16]
+            return DeadLetter(offset, f"{reason} ({len(value)} bytes, sha256 {digest})", b"")
+
         if len(value) > self._max_record_bytes:
-            return DeadLetter(
-                offset,
-                f"record of {len(value)} bytes exceeds {self._max_record_bytes}",
-                value[:1024],
-            )
+            return dead(f"record of {len(value)} bytes exceeds {self._max_record_bytes}")
         try:
             event = decode(value)
         except CodecError as exc:
-            return DeadLetter(offset, f"undecodable record: {exc}", value[:1024])
+            return dead(f"undecodable record: {exc}")
         if not isinstance(event, _INBOUND):
-            return DeadLetter(
-                offset, f"unexpected {event.TYPE} on the intents stream", value[:1024]
-            )
+            return dead(f"unexpected {event.TYPE} on the intents stream")
         return event
 
     async def _dead_letter(self, letter: DeadLetter) -> None:
