@@ -121,6 +121,10 @@ class Server:
     helpdesk_db: Path
     flaky_timeout_s: float
     processes: list[Process] = field(default_factory=list)
+    ledger_db: Path | None = None  # embedded: the log, state and projections
+    kafka: str | None = None  # distributed: where its topics are, and its database
+    prefix: str | None = None
+    dsn: str | None = None
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -175,6 +179,7 @@ def start_embedded(workdir: Path) -> Server:
     data = workdir / "data"
     port = free_port()
     server = Server("embedded", f"http://127.0.0.1:{port}", data / "helpdesk.db", 5.0)
+    server.ledger_db = data / "ledger.db"
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
     args += ["--data", str(data), "--tokens", str(tokens)]
     server.processes.append(spawn("server", args, workdir))
@@ -195,6 +200,7 @@ def start_distributed(workdir: Path, services: Services) -> Server:
     common = ["--kafka", services.kafka, "--prefix", prefix, "--partitions", str(PARTITIONS)]
     port = free_port()
     server = Server("kafka", f"http://127.0.0.1:{port}", workdir / "helpdesk.db", 3.0)
+    server.kafka, server.prefix, server.dsn = services.kafka, prefix, dsn
     try:
         executor_ready = workdir / "executor.ready"
         executor = [
