@@ -113,7 +113,7 @@ from projections.postgres import ApplyResult, DeadLetter, PostgresProjection, mi
 from projections.projector import KafkaProjector
 from projections.rows import EVENT_COLUMNS, Position
 from schemas.codec import encode
-from schemas.events import Event, ToolCallRequested
+from schemas.events import Event
 from schemas.topics import Topics
 from toolledger.kafka_admin import ensure_topics
 

@@ -37,6 +37,7 @@ __all__ = [
     "call_attributes",
     "configure_tracing",
     "record_outcome",
+    "set_call_attributes",
     "stage",
     "use_tracer_provider",
 ]
@@ -105,7 +106,7 @@ def stage(
     ) as span:
         if span.is_recording():
             if ctx is not None:
-                span.set_attributes(call_attributes(ctx))
+                set_call_attributes(span, ctx)
             for key, value in attributes.items():
                 if value is not None:
                     span.set_attribute(key if "." in key else _PREFIX + key, value)
@@ -115,6 +116,12 @@ def stage(
             if span.is_recording():
                 _record_exception(span, exc)
             raise
+
+
+def set_call_attributes(span: Span, ctx: CallContext) -> None:
+    """Add a call's attributes to a span (one started before the call's context was known)."""
+    if span.is_recording():
+        span.set_attributes(call_attributes(ctx))
 
 
 def _record_exception(span: Span, exc: BaseException) -> None:

@@ -224,7 +224,6 @@ class LedgerClient:
             hub.forget(intent_id, future)
         return result_of(event)
 
-
     async def command(
         self, record: Event, *, broadcast: bool = False, wait: float | None = None
     ) -> Event | None:

@@ -12,9 +12,18 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from processors.ledger.governance import ANY, token_digest
-from schemas.events import ApprovalDenied, ApprovalGranted, Envelope, ToolDisabled, ToolEnabled
+from schemas.calls import IMPACT_FIELDS
+from schemas.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Envelope,
+    ToolDisabled,
+    ToolEnabled,
+)
 from schemas.keys import CallKey
 
 DEFAULT_TOKEN_TTL = timedelta(minutes=10)
@@ -120,3 +129,20 @@ def switch(
     scope = "global" if tenant_id == ANY else "tenant"
     cls = ToolEnabled if enabled else ToolDisabled
     return cls(envelope=envelope, scope=scope, actor=actor, reason=reason)
+
+
+def approval_request_json(event: ApprovalRequested) -> dict[str, Any]:
+    """The approval request of an ``APPROVAL_REQUIRED`` answer (DESIGN section 11's shape, as
+    ``schemas.calls.ApprovalView.to_json`` renders it), from the answering event."""
+    env = event.envelope
+    impact = json.loads(event.impact_json)
+    return {
+        "id": event.approval_id,
+        "tool": env.tool,
+        "arguments": json.loads(event.arguments_redacted_json),
+        "args_digest": env.args_digest,
+        "impact": {name: impact.get(name) for name in IMPACT_FIELDS}
+        | {"irreversible": bool(impact.get("irreversible"))},
+        "status": "pending",
+        "expires_at": event.expires_at.isoformat(),
+    }

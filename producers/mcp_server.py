@@ -3,9 +3,11 @@
 Built on the ``mcp`` SDK's low-level ``Server`` so the listing is exactly the manifests':
 
 * input schema: the tool's argument JSON Schema (from its pydantic model); every tool that
-  changes something (``mutation``, ``long_running``) gets one more, *required*, string
-  property ``idempotency_key`` (1..255 printable ASCII characters, taken verbatim: no
-  trimming, no quotes), and its description says what a replay does;
+  changes something (``mutation``, ``long_running``) gets two more string properties: the
+  *required* ``idempotency_key`` (1..255 printable ASCII characters, taken verbatim: no
+  trimming, no quotes) and the optional ``approval_token`` (the token a human's approval of
+  this exact call gave); its description says what a replay does and, for a tool whose
+  manifest says ``approval: required`` or ``by arguments``, that a human must approve;
 * annotations from the manifest: ``readOnlyHint`` (effect ``read_only``),
   ``destructiveHint`` (a mutation of risk ``high`` or ``irreversible``), ``idempotentHint``
   (true for keyed tools: the key is one of the arguments, and the same arguments, key
@@ -13,11 +15,24 @@ Built on the ``mcp`` SDK's low-level ``Server`` so the listing is exactly the ma
   manifest's ``open_world`` when it has one, else true, MCP's own default);
 * ``_meta`` carries the manifest's version, effect and risk.
 
-A call takes ``idempotency_key`` out of the arguments and passes it to
-:meth:`producers.client.LedgerClient.call` as the key; the rest are the tool's arguments.
-Optional request ``_meta`` entries ``toolledger.dev/run_id``, ``toolledger.dev/step_id``
-and ``toolledger.dev/approval_token`` (set by the client application, not by the model)
-are passed through for the audit trail and approvals.
+A call takes ``idempotency_key`` and ``approval_token`` out of the arguments and passes
+them to :meth:`producers.client.LedgerClient.call` as the key and the approval token; the
+rest are the tool's arguments (so neither is part of the args digest). Optional request
+``_meta`` entries ``toolledger.dev/run_id``, ``toolledger.dev/step_id`` and
+``toolledger.dev/approval_token`` (set by the client application, not by the model) are
+passed through for the audit trail and approvals; an ``approval_token`` argument wins over
+the ``_meta`` one.
+
+Approvals: a call of a tool that needs a human's approval, made without a valid token, is
+answered ``APPROVAL_REQUIRED`` (nothing runs, the key is not consumed). Its ``isError``
+result carries, next to the error, an ``approval_request`` shaped like the HTTP API's
+(``id``, ``tool``, ``arguments`` with sensitive fields redacted, ``args_digest``,
+``impact`` {summary, target, scope, cost, irreversible}, ``status`` ``pending``,
+``expires_at``). An operator approves it over HTTP (``POST
+/v1/approval-requests/{id}/approve``) and hands the ``approval_token`` back; the same call
+(same key, same arguments) plus ``approval_token`` then runs once. ``APPROVAL_INVALID`` (a
+token for another call, expired, used, or a denied request) and ``TOOL_DISABLED`` are
+ordinary error results.
 
 Errors, per the MCP specification ("Tools" > "Error handling"):
 
@@ -38,9 +53,11 @@ Tenant and principal come from the session's authentication, never from argument
 argument named ``tenant_id`` is just an unknown argument: ``VALIDATION_FAILED``):
 
 * streamable HTTP: every request carries ``Authorization: Bearer <token>``, checked with
-  :class:`producers.http.auth.TokenStore`; no or a wrong token is ``401`` before any MCP
-  processing. The SDK binds a stateful session to the identity (tenant and principal) that
-  opened it; a request with another identity gets ``404`` for that session.
+  the HTTP API's :class:`producers.http.auth.Authenticator` (the tokens file and, when
+  configured, JWTs verified against a JWKS file); no or a wrong token is ``401`` before any
+  MCP processing, with the authenticator's reason in ``error_description``. The SDK binds
+  a stateful session to the identity (tenant and principal) that opened it; a request with
+  another identity gets ``404`` for that session.
 * stdio: there is no per-request credential (the MCP specification says stdio servers take
   credentials from their environment), so the trusted context is fixed when the process
   starts -- ``toolledger mcp --transport stdio`` resolves ``--token`` (or the environment
@@ -53,11 +70,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import mcp_types as types
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -66,12 +83,12 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, AuthenticationBackend
-from starlette.middleware import Middleware
-from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import HTTPConnection, Request
+from starlette.authentication import AuthCredentials
+from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from producers.adapters import (
     ToolSpec,
@@ -79,16 +96,20 @@ from producers.adapters import (
     description,
     index_tools,
     refusal,
-    result_text,
 )
 from producers.client import CallResult, LedgerClient, TrustedContext
-from producers.http.auth import TokenStore
-from schemas.errors import ErrorCode
+from producers.governance import approval_request_json
+from producers.http.auth import Authenticator, AuthFailure
+from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.events import ApprovalRequested
 from schemas.keys import MAX_KEY_LENGTH
 
 log = logging.getLogger("toolledger.mcp")
 
 KEY_ARGUMENT = "idempotency_key"
+APPROVAL_ARGUMENT = "approval_token"
+RESERVED_ARGUMENTS = (KEY_ARGUMENT, APPROVAL_ARGUMENT)
+MAX_APPROVAL_TOKEN = 4096  # as the HTTP API's body
 RUN_ID_META = "toolledger.dev/run_id"
 STEP_ID_META = "toolledger.dev/step_id"
 APPROVAL_META = "toolledger.dev/approval_token"
@@ -100,13 +121,22 @@ _KEY_DESCRIPTION = (
     "action. 1 to 255 printable ASCII characters."
 )
 
+_APPROVAL_DESCRIPTION = (
+    "Only after an APPROVAL_REQUIRED answer: the approval_token a human operator gave you "
+    "for that approval request. Send it with the same idempotency_key and arguments. Omit "
+    "it otherwise; it is not one of the tool's arguments."
+)
+
 _INSTRUCTIONS = (
     "Every tool that changes something takes a required idempotency_key. Use one key per "
     "intended action and reuse it verbatim when you retry that action: the ledger runs it at "
     "most once and answers a retry with the stored outcome. A new action needs a new key; "
     "the same key with different arguments is refused (IDEMPOTENCY_KEY_REUSED). Failures are "
     'results with isError and a JSON body {"ok": false, "error": {"code", "message", '
-    '"retryable", "suggested_action"}}: follow suggested_action.'
+    '"retryable", "suggested_action"}}: follow suggested_action. Some tools need a human\'s '
+    "approval: their first call answers APPROVAL_REQUIRED with an approval_request and runs "
+    "nothing; once a human has approved it, repeat the same call (same key, same arguments) "
+    "with approval_token."
 )
 
 
@@ -120,33 +150,60 @@ def key_schema() -> dict[str, Any]:
     }
 
 
+def approval_token_schema() -> dict[str, Any]:
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_APPROVAL_TOKEN,
+        "description": _APPROVAL_DESCRIPTION,
+    }
+
+
 def mcp_input_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The argument schema, plus the required ``idempotency_key`` for keyed tools."""
+    """The argument schema, plus the required ``idempotency_key`` and the optional
+    ``approval_token`` for keyed tools."""
     schema = arguments_schema(spec)
     if not spec.keyed:
         return schema
     properties = schema.setdefault("properties", {})
-    if KEY_ARGUMENT in properties:
-        raise ValueError(
-            f"{spec.name}: an argument is named {KEY_ARGUMENT!r}, which the MCP server "
-            "reserves for the idempotency key"
-        )
+    for name in RESERVED_ARGUMENTS:
+        if name in properties:
+            raise ValueError(
+                f"{spec.name}: an argument is named {name!r}, which the MCP server reserves "
+                "for the ledger"
+            )
     properties[KEY_ARGUMENT] = key_schema()
-    required = [r for r in schema.get("required", []) if r != KEY_ARGUMENT]
+    properties[APPROVAL_ARGUMENT] = approval_token_schema()
+    required = [r for r in schema.get("required", []) if r not in RESERVED_ARGUMENTS]
     schema["required"] = [*required, KEY_ARGUMENT]
     return schema
 
 
+_APPROVAL_NOTES = {
+    "required": "every call needs a human's approval of its exact arguments.",
+    "by arguments": "some calls, depending on their arguments, need a human's approval of "
+    "their exact arguments.",
+}
+
+
 def mcp_description(spec: ToolSpec) -> str:
     text = description(spec)
-    if spec.keyed:
-        return (
-            f"{text}\nIdempotency: pass idempotency_key (required). The same key with the same "
-            "arguments returns the stored outcome of the first call and does not run the tool "
-            "again, also while it is still running; the same key with other arguments is "
-            "refused with IDEMPOTENCY_KEY_REUSED. Use a new key only for a new action."
+    if not spec.keyed:
+        return f"{text}\nRead-only: takes no idempotency_key and is never replayed."
+    text += (
+        "\nIdempotency: pass idempotency_key (required). The same key with the same "
+        "arguments returns the stored outcome of the first call and does not run the tool "
+        "again, also while it is still running; the same key with other arguments is "
+        "refused with IDEMPOTENCY_KEY_REUSED. Use a new key only for a new action."
+    )
+    note = _APPROVAL_NOTES.get(str(spec.manifest.get("approval")))
+    if note is not None:
+        text += (
+            f"\nApproval: {note} Such a call first answers APPROVAL_REQUIRED with an "
+            "approval_request and runs nothing; after a human approved it, repeat the same "
+            "call (same idempotency_key, same arguments) with the approval_token you are given."
         )
-    return f"{text}\nRead-only: takes no idempotency_key and is never replayed."
+    return text
 
 
 def mcp_annotations(spec: ToolSpec) -> types.ToolAnnotations:
@@ -199,19 +256,62 @@ class SessionUser(AuthenticatedUser):
         self.context = context
 
 
-class TokenAuthBackend(AuthenticationBackend):
-    """Bearer tokens from the tokens file, as in the HTTP API."""
+class BearerAuth:
+    """ASGI wrapper of the MCP endpoint: ``Authorization: Bearer <token>`` checked with the
+    HTTP API's authenticator (tokens file, JWTs) on every request.
 
-    def __init__(self, tokens: TokenStore) -> None:
-        self.tokens = tokens
+    Authenticated: ``scope["user"]`` is a :class:`SessionUser` (the SDK binds sessions to
+    it) and ``scope["auth"]`` its scopes. Otherwise ``401`` before any MCP processing, with
+    the authenticator's reason (never the token) in ``error_description`` and in the log."""
 
-    async def authenticate(
-        self, conn: HTTPConnection
-    ) -> tuple[AuthCredentials, SessionUser] | None:
-        context = self.tokens.authenticate(conn.headers.get("authorization"))
-        if context is None:
-            return None
-        return AuthCredentials(sorted(context.scopes)), SessionUser(context)
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self.app = app
+        self.authenticator = authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        checked = self.authenticator.check(Headers(scope=scope).get("authorization"))
+        if isinstance(checked, AuthFailure):
+            await self._refuse(scope, send, checked)
+            return
+        scope["user"] = SessionUser(checked)
+        scope["auth"] = AuthCredentials(sorted(checked.scopes))
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, failure: AuthFailure) -> None:
+        client = scope.get("client")
+        log.log(
+            logging.INFO if failure.reason == "missing" else logging.WARNING,
+            "authentication failed",
+            extra={
+                "reason": failure.reason,
+                "token_kind": failure.kind,
+                "method": scope.get("method"),
+                "path": str(scope.get("path", ""))[:256],
+                "client": client[0] if client else None,
+            },
+        )
+        detail = failure.detail.replace('"', "'").replace("\\", "/")
+        # RFC 6750 3.1: no error code when the request had no credentials
+        challenge = (
+            "Bearer"
+            if failure.reason == "missing"
+            else f'Bearer error="invalid_token", error_description="{detail}"'
+        )
+        payload = json.dumps({"error": "invalid_token", "error_description": failure.detail})
+        body = payload.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", challenge.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
 
 def session_context(
@@ -235,12 +335,50 @@ def _meta_string(meta: Mapping[str, Any] | None, key: str, limit: int) -> str | 
     return None
 
 
+def _approval_action(event: ApprovalRequested) -> str:
+    return (
+        f"Nothing ran. Show approval request {event.approval_id} to a human operator; this "
+        "session cannot approve it. Once approved, call the tool again with the same "
+        "idempotency_key and arguments plus approval_token set to the token the operator "
+        "gives you. Do not use a new key."
+    )
+
+
+def result_body(result: CallResult) -> dict[str, Any]:
+    """The normalised JSON of a result; an ``APPROVAL_REQUIRED`` answer also carries its
+    ``approval_request``."""
+    body = result.to_json()
+    event = result.event
+    if (
+        result.error is not None
+        and result.error.code == ErrorCode.APPROVAL_REQUIRED
+        and isinstance(event, ApprovalRequested)
+    ):
+        body["error"]["suggested_action"] = _approval_action(event)
+        body["approval_request"] = approval_request_json(event)
+    return body
+
+
 def _tool_result(result: CallResult) -> types.CallToolResult:
+    body = result_body(result)
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))  # as result_text
     return types.CallToolResult(
-        content=[types.TextContent(text=result_text(result))],
-        structured_content=result.to_json(),
+        content=[types.TextContent(text=text)],
+        structured_content=body,
         is_error=not result.ok,
     )
+
+
+def _invalid_approval_token(message: str, kind: str) -> CallResult:
+    return CallResult(
+        status=None,
+        error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, message),
+        field_errors=(FieldError(loc=APPROVAL_ARGUMENT, msg=message, type=kind),),
+    )
+
+
+# the front door's refusals before anything is appended (rate limit, kill switch, run budget)
+Admission = Callable[[TrustedContext, str, str | None, str | None], Awaitable[ErrorInfo | None]]
 
 
 class LedgerMcpServer:
@@ -258,6 +396,7 @@ class LedgerMcpServer:
         *,
         fixed_context: TrustedContext | None = None,
         wait_s: float | None = None,
+        admit: Admission | None = None,
         name: str = "toolledger",
         version: str = "0.1.0",
     ) -> None:
@@ -265,6 +404,7 @@ class LedgerMcpServer:
         self.tools = index_tools(tools)
         self.fixed_context = fixed_context
         self.wait_s = wait_s
+        self.admit = admit
         self.listing = [mcp_tool(spec) for spec in self.tools.values()]
         self._schemas = {tool.name: tool.input_schema for tool in self.listing}
         self.server: Server[Any] = Server(
@@ -318,10 +458,13 @@ class LedgerMcpServer:
         step_id: str | None = None,
         approval_token: str | None = None,
     ) -> CallResult:
-        """Take the key out of ``arguments`` and run the call through the ledger."""
+        """Take the key and the approval token out of ``arguments`` and run the call
+        through the ledger. An ``approval_token`` argument (``null``: absent) wins over the
+        ``approval_token`` parameter (the request's ``_meta`` entry)."""
         key: str | None = None
         if spec.keyed:
             raw_key = arguments.pop(KEY_ARGUMENT, None)
+            raw_token = arguments.pop(APPROVAL_ARGUMENT, None)
             if raw_key is None:
                 return refusal(
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
@@ -332,6 +475,21 @@ class LedgerMcpServer:
                     ErrorCode.IDEMPOTENCY_KEY_INVALID, f"{KEY_ARGUMENT} must be a string."
                 )
             key = raw_key
+            if raw_token is not None:
+                if not isinstance(raw_token, str):
+                    return _invalid_approval_token(
+                        f"{APPROVAL_ARGUMENT} must be a string.", "string_type"
+                    )
+                if not 0 < len(raw_token) <= MAX_APPROVAL_TOKEN:
+                    return _invalid_approval_token(
+                        f"{APPROVAL_ARGUMENT} must be 1 to {MAX_APPROVAL_TOKEN} characters.",
+                        "string_length",
+                    )
+                approval_token = raw_token
+        if self.admit is not None:
+            refused = await self.admit(context, spec.name, key, run_id)
+            if refused is not None:
+                return CallResult(status=None, error=refused)
         return await self.client.call(
             spec.name,
             arguments,
@@ -352,7 +510,7 @@ class LedgerMcpServer:
 
     def http_app(
         self,
-        tokens: TokenStore,
+        authenticator: Authenticator,
         *,
         path: str = DEFAULT_PATH,
         host: str = "127.0.0.1",
@@ -360,8 +518,10 @@ class LedgerMcpServer:
         stateless: bool = False,
         transport_security: TransportSecuritySettings | None = None,
     ) -> Starlette:
-        """A Starlette app serving streamable HTTP at ``path`` (Bearer tokens required) and an
-        unauthenticated ``GET /healthz``. Run its lifespan (uvicorn does)."""
+        """A Starlette app serving streamable HTTP at ``path`` (Bearer tokens checked with
+        ``authenticator``: a :class:`producers.http.auth.TokenStore`, or the HTTP API's
+        ``FrontDoor.authenticator`` for JWTs as well) and an unauthenticated ``GET
+        /healthz``. Run its lifespan (uvicorn does)."""
         if transport_security is None and host in ("127.0.0.1", "localhost", "::1"):
             # the SDK's own default for loopback servers: DNS rebinding protection
             transport_security = TransportSecuritySettings(
@@ -375,7 +535,7 @@ class LedgerMcpServer:
             stateless=stateless,
             security_settings=transport_security,
         )
-        endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
+        endpoint = BearerAuth(StreamableHTTPASGIApp(manager), authenticator)
 
         async def healthz(request: Request) -> JSONResponse:
             return JSONResponse({"status": "ok"})
@@ -387,6 +547,5 @@ class LedgerMcpServer:
 
         return Starlette(
             routes=[Route(path, endpoint=endpoint), Route("/healthz", healthz, methods=["GET"])],
-            middleware=[Middleware(AuthenticationMiddleware, backend=TokenAuthBackend(tokens))],
             lifespan=lifespan,
         )

@@ -39,11 +39,19 @@ def main(log_level: Annotated[str, typer.Option(help="Log level.")] = "WARNING")
     logs.configure(log_level)
 
 
+def _tracing() -> None:
+    """Spans of the executor's stages, exported by OTLP if OTEL_EXPORTER_OTLP_ENDPOINT is set."""
+    from processors.telemetry import configure_tracing
+
+    configure_tracing(None)
+
+
 @app.command()
 def demo(data: DataOption = None) -> None:
     """Run a scripted agent session on the embedded backend and check its invariants."""
     from toolledger.demo import print_result, run_demo
 
+    _tracing()
     with tempfile.TemporaryDirectory(prefix="toolledger-demo-") as tmp:
         workdir = data or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +96,7 @@ def executor(
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
+    _tracing()
     asyncio.run(
         run_executor(
             kafka,
@@ -240,6 +249,7 @@ def serve(
     audience = jwt_audience or None
 
     security = wiring.Security(token_store, jwks, jwt_issuer, audience, policy, algorithms, claims)
+    _tracing()
 
     async def main() -> None:
         door = wiring.open_door(

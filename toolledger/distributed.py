@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from datetime import timedelta
 from pathlib import Path
 
-from processors.pipeline import Stages
+from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
 from processors.runtime.kafka import KafkaExecutor
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
@@ -34,12 +35,14 @@ async def run_executor(
     concurrency: int,
     session_timeout_ms: int,
     ready_file: str | None,
+    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
+    intents_retention_ms: int | None = None,
 ) -> None:
-    await ensure_topics(bootstrap, topics)
+    await ensure_topics(bootstrap, topics, intents_retention_ms=intents_retention_ms)
     executor = KafkaExecutor(
         bootstrap,
         topics,
-        Stages(registry, Redactor(secret)),
+        Stages(registry, Redactor(secret), approval_request_ttl=approval_request_ttl),
         concurrency=concurrency,
         session_timeout_ms=session_timeout_ms,
     )

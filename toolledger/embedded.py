@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-from processors.pipeline import DEFAULT_MAX_ARGUMENT_BYTES, Clock, Stages
+from processors.pipeline import (
+    DEFAULT_APPROVAL_REQUEST_TTL,
+    DEFAULT_MAX_ARGUMENT_BYTES,
+    Clock,
+    Stages,
+)
 from processors.runtime.embedded import EmbeddedRuntime
 from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.redaction import Redactor
@@ -32,6 +38,7 @@ class EmbeddedLedger:
         sweep_interval_s: float = 1.0,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         default_wait_s: float = 10.0,
+        approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     ) -> None:
         self.path = Path(path)
         self.registry = registry
@@ -43,6 +50,7 @@ class EmbeddedLedger:
         self._synchronous = synchronous
         self._sweep_interval_s = sweep_interval_s
         self._max_argument_bytes = max_argument_bytes
+        self._approval_request_ttl = approval_request_ttl
         self.client = LedgerClient(
             self, default_wait_s=default_wait_s, max_argument_bytes=max_argument_bytes
         )
@@ -57,6 +65,7 @@ class EmbeddedLedger:
             clock=self._clock,
             rng=self._rng,
             max_argument_bytes=self._max_argument_bytes,
+            approval_request_ttl=self._approval_request_ttl,
         )
         self.runtime = EmbeddedRuntime(
             self.log,

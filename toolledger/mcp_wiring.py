@@ -3,15 +3,18 @@ backend (default) or on Kafka + PostgreSQL, through the same doors as ``toolledg
 
 Authentication:
 
-* ``--transport http``: every request needs ``Authorization: Bearer <token>`` from the
-  tokens file; the tenant and principal come from the token of each request. ``--token``
-  is not used.
+* ``--transport http``: every request needs ``Authorization: Bearer <token>``, checked with
+  the same authenticator as ``toolledger serve`` builds: a token of the tokens file or, with
+  ``--jwks`` (and ``--jwt-issuer``, ``--jwt-audience``; the other ``--jwt-*`` options as in
+  ``toolledger serve``), a JWT signed by a key of that JWKS file. The tenant and principal
+  come from the token of each request. ``--token`` is not used.
 * ``--transport stdio``: a stdio server has no per-request credential, so the process is
   bound to one identity at start: ``--token`` (better: the environment variable
   ``TOOLLEDGER_MCP_TOKEN``, which does not show in the process list) is looked up in the
-  tokens file, and the server refuses to start if it is not there. An MCP client config
-  then reads e.g. ``{"command": "toolledger", "args": ["mcp", "--data", "...", "--tokens",
-  "..."], "env": {"TOOLLEDGER_MCP_TOKEN": "..."}}``.
+  tokens file, and the server refuses to start if it is not there. JWTs are not accepted
+  here: the identity would outlive the token's expiry. An MCP client config then reads
+  e.g. ``{"command": "toolledger", "args": ["mcp", "--data", "...", "--tokens", "..."],
+  "env": {"TOOLLEDGER_MCP_TOKEN": "..."}}``.
 
 stdout belongs to the protocol in stdio mode: logs go to stderr, and so do this command's
 own messages.
@@ -37,8 +40,9 @@ if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the
     from processors.tools.registry import ToolRegistry
     from producers.client import TrustedContext
     from producers.http.app import FrontDoor
-    from producers.http.auth import TokenStore
+    from producers.http.auth import Authenticator, TokenStore
     from producers.mcp_server import LedgerMcpServer
+    from toolledger.serve import Security
 
 log = logging.getLogger("toolledger.mcp")
 
@@ -71,9 +75,16 @@ def stdio_context(tokens: TokenStore, token: str | None) -> TrustedContext:
 def mcp_server(
     door: FrontDoor, *, fixed_context: TrustedContext | None = None, wait_s: float | None = None
 ) -> LedgerMcpServer:
+    from producers.http.governance import admission
     from producers.mcp_server import LedgerMcpServer
 
-    return LedgerMcpServer(door.client, door.tools, fixed_context=fixed_context, wait_s=wait_s)
+    return LedgerMcpServer(
+        door.client,
+        door.tools,
+        fixed_context=fixed_context,
+        wait_s=wait_s,
+        admit=admission(door),
+    )
 
 
 async def run_stdio(door: FrontDoor, context: TrustedContext, *, wait_s: float | None) -> None:
@@ -81,12 +92,19 @@ async def run_stdio(door: FrontDoor, context: TrustedContext, *, wait_s: float |
     await mcp_server(door, fixed_context=context, wait_s=wait_s).run_stdio()
 
 
+def door_authenticator(door: FrontDoor) -> Authenticator:
+    """What the HTTP API of ``door`` authenticates with: its authenticator (tokens file
+    and/or JWTs) when it has one, else its tokens file."""
+    return door.tokens if door.authenticator is None else door.authenticator
+
+
 async def serve_http(
     door: FrontDoor, host: str, port: int, *, wait_s: float | None, path: str = "/mcp"
 ) -> None:
     import uvicorn
 
-    app = mcp_server(door, wait_s=wait_s).http_app(door.tokens, path=path, host=host)
+    server = mcp_server(door, wait_s=wait_s)
+    app = server.http_app(door_authenticator(door), path=path, host=host)
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, lifespan="on"
     )
@@ -97,21 +115,24 @@ async def serve_http(
 def open_door(
     data: Path,
     registry: ToolRegistry,
-    tokens: TokenStore,
+    security: TokenStore | Security,
     *,
     kafka: str | None,
     postgres: str | None,
     prefix: str,
     partitions: int,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
-    """The backend ``toolledger serve`` would use, with the tokens file as its only
-    authenticator."""
+    """The backend ``toolledger serve`` would use, with its authenticator (a bare tokens
+    file: that file only). A JWKS file or JWT settings that are not usable raise
+    :class:`toolledger.config.ConfigError` when the door is entered."""
     from schemas.topics import Topics
     from toolledger import serve as wiring
 
+    if not isinstance(security, wiring.Security):
+        security = wiring.Security(security)
     return wiring.open_door(
         registry,
-        wiring.Security(tokens),
+        security,
         data=data,
         kafka=kafka,
         postgres=postgres,
@@ -156,12 +177,40 @@ def register_mcp_command(app: typer.Typer) -> None:
             "toolledger."
         ),
         partitions: Annotated[int, typer.Option("--partitions", help="Partitions per topic.")] = 4,
+        jwks: Annotated[
+            Path | None,
+            typer.Option(
+                help="HTTP: JWKS file (JSON): also accept JWT bearer tokens signed by its keys."
+            ),
+        ] = None,
+        jwt_issuer: Annotated[
+            str | None, typer.Option(help="The 'iss' JWTs must carry (required with --jwks).")
+        ] = None,
+        jwt_audience: Annotated[
+            list[str] | None,
+            typer.Option(help="An 'aud' JWTs may carry (required with --jwks; repeatable)."),
+        ] = None,
+        jwt_algorithms: Annotated[
+            str, typer.Option(help="Accepted JWT algorithms, comma-separated (asymmetric only).")
+        ] = "RS256,ES256",
+        jwt_tenant_claim: Annotated[
+            str, typer.Option(help="The JWT claim that names the tenant.")
+        ] = "tenant_id",
+        jwt_principal_claim: Annotated[
+            str, typer.Option(help="The JWT claim that names the principal.")
+        ] = "sub",
+        jwt_scopes_claim: Annotated[
+            str | None,
+            typer.Option(help="The JWT claim with the scopes (default: 'scope', else 'scopes')."),
+        ] = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
 
         from processors.runtime.sqlite_log import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
+        from producers.http.jwt_auth import ClaimNames
+        from toolledger import serve as wiring
         from toolledger.config import ConfigError, load_tools
 
         if (kafka is None) != (postgres is None):
@@ -170,6 +219,23 @@ def register_mcp_command(app: typer.Typer) -> None:
         try:
             token_store = TokenStore.load(tokens)
             context = stdio_context(token_store, token) if transport is Transport.STDIO else None
+            security = wiring.Security(
+                token_store,
+                jwks,
+                jwt_issuer,
+                jwt_audience or None,
+                jwt_algorithms=[a.strip() for a in jwt_algorithms.split(",") if a.strip()],
+                jwt_claims=ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim),
+            )
+            # the JWKS file and the JWT settings, checked before any backend is opened
+            wiring.authenticator(
+                security.tokens,
+                security.jwks,
+                security.issuer,
+                security.audience,
+                algorithms=security.jwt_algorithms,
+                claims=security.jwt_claims,
+            )
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
@@ -180,7 +246,7 @@ def register_mcp_command(app: typer.Typer) -> None:
             door = open_door(
                 data,
                 registry,
-                token_store,
+                security,
                 kafka=kafka,
                 postgres=postgres,
                 prefix=prefix,
@@ -194,7 +260,7 @@ def register_mcp_command(app: typer.Typer) -> None:
 
         try:
             asyncio.run(main())
-        except LedgerFileError as exc:  # e.g. another process holds the embedded ledger
+        except (LedgerFileError, ConfigError) as exc:  # e.g. another process holds the ledger
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import uvicorn
 
+from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
+from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.app import FrontDoor, ToolInfo, create_app
 from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
+from producers.http.governance import RunBudget
 from producers.http.jwt_auth import (
     DEFAULT_ALGORITHMS,
     DEFAULT_LEEWAY_S,
@@ -83,8 +87,9 @@ def rate_limiter(registry: ToolRegistry, policy: Path | None = None) -> RateLimi
 
 @dataclass(frozen=True)
 class Security:
-    """How a front door authenticates and rate-limits: the tokens file and/or JWTs verified
-    against a JWKS file, and a policy file of rate limits."""
+    """How a front door authenticates, rate-limits and governs: the tokens file and/or JWTs
+    verified against a JWKS file, a policy file of rate limits, how long an approval token
+    lasts, and the per-run budget (None: no budget)."""
 
     tokens: TokenStore | None
     jwks: Path | None = None
@@ -93,6 +98,8 @@ class Security:
     policy: Path | None = None
     jwt_algorithms: Sequence[str] = DEFAULT_ALGORITHMS
     jwt_claims: ClaimNames | None = None
+    approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
+    run_budget: RunBudget | None = field(default_factory=RunBudget)
 
     def build(self, registry: ToolRegistry) -> DoorFactory:
         """Check the settings now (:class:`ConfigError`), before any backend is opened."""
@@ -114,7 +121,15 @@ class Security:
             ready: Callable[[], Awaitable[dict[str, bool]]],
         ) -> FrontDoor:
             return FrontDoor(
-                client, queries, tools, tokens, ready, limiter=limiter, authenticator=auth
+                client,
+                queries,
+                tools,
+                tokens,
+                ready,
+                limiter=limiter,
+                authenticator=auth,
+                budget=self.run_budget,
+                approval_token_ttl=self.approval_token_ttl,
             )
 
         return door
@@ -127,14 +142,20 @@ DoorFactory = Callable[
 
 @contextlib.asynccontextmanager
 async def embedded_door(
-    data: Path, registry: ToolRegistry, security: Security
+    data: Path,
+    registry: ToolRegistry,
+    security: Security,
+    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of an embedded ledger in ``data``."""
+    """The front door of an embedded ledger in ``data`` (its executor in this process)."""
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
     door = security.build(registry)
-    async with EmbeddedLedger(data / "ledger.db", registry) as ledger:
+    ledger_file = data / "ledger.db"
+    async with EmbeddedLedger(
+        ledger_file, registry, approval_request_ttl=approval_request_ttl
+    ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
 
@@ -183,11 +204,12 @@ def open_door(
     kafka: str | None,
     postgres: str | None,
     topics: Topics,
+    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
         return distributed_door(kafka, postgres, topics, registry, security)
-    return embedded_door(data, registry, security)
+    return embedded_door(data, registry, security, approval_request_ttl)
 
 
 async def serve(door: FrontDoor, host: str, port: int) -> None:

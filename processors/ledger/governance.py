@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
@@ -158,3 +159,12 @@ def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switc
 def token_digest(token: str) -> str:
     """What the ledger keeps of an approval token: never the token itself."""
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def disabled_error(every_tenant: bool, every_tool: bool, tool: str, reason: str) -> ErrorInfo:
+    """What a caller of a switched-off tool is told."""
+    where = "for every tenant" if every_tenant else "for this tenant"
+    what = "every tool" if every_tool else tool
+    return ErrorInfo.of(
+        ErrorCode.TOOL_DISABLED, f"An operator switched {what} off {where}: {reason}"
+    )

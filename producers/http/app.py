@@ -351,7 +351,8 @@ def create_app(door: FrontDoor) -> FastAPI:
                 return _rate_limited(door, context, tool, refusal)
         refused = await governance.precheck(door, context, tool, key, body.run_id)
         if refused is not None:
-            return refused
+            retry = {"Retry-After": "60"} if refused.code == ErrorCode.TOOL_DISABLED else None
+            return problem_response(problem(refused), retry)
         wait = wait_seconds(request.headers.getlist("prefer"))
         result = await door.client.call(
             tool,

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from processors.ledger.governance import ANY, disabled_error
 from producers import governance
 from producers.client import TransportError, TrustedContext
 from producers.http.problems import problem
@@ -33,7 +34,6 @@ from producers.http.responses import (
     validation_failed,
 )
 from schemas.calls import (
-    IMPACT_FIELDS,
     ApprovalView,
     CallQueries,
     SwitchView,
@@ -121,7 +121,7 @@ def _forbidden(message: str) -> Response:
 
 async def precheck(
     door: FrontDoor, context: TrustedContext, tool: str, key: str | None, run_id: str | None
-) -> Response | None:
+) -> ErrorInfo | None:
     """Refusals the front door can give before appending: the key stays unused.
 
     A call whose key the ledger already knows goes on to the executor even while the tool is
@@ -145,26 +145,34 @@ async def precheck(
     ):
         return None
     if switch is not None:
-        where = "for every tenant" if switch.tenant_id == "*" else "for this tenant"
-        door.metrics.rejections.labels(tool, ErrorCode.TOOL_DISABLED.value).inc()
-        return problem_response(
-            problem(
-                ErrorInfo.of(
-                    ErrorCode.TOOL_DISABLED,
-                    f"An operator switched {tool} off {where}: {switch.reason}",
-                )
-            ),
-            {"Retry-After": "60"},
+        info = disabled_error(switch.tenant_id == ANY, switch.tool == ANY, tool, switch.reason)
+    else:
+        assert over is not None
+        info = ErrorInfo.of(
+            ErrorCode.RETRY_LIMIT_EXCEEDED,
+            over,
+            retryable=False,
+            suggested_action="Stop this run and hand the task over to a human.",
         )
-    assert over is not None
-    door.metrics.rejections.labels(tool, ErrorCode.RETRY_LIMIT_EXCEEDED.value).inc()
-    info = ErrorInfo.of(
-        ErrorCode.RETRY_LIMIT_EXCEEDED,
-        over,
-        retryable=False,
-        suggested_action="Stop this run and hand the task over to a human.",
-    )
-    return problem_response(problem(info))
+    door.metrics.rejections.labels(tool, info.code).inc()
+    return info
+
+
+def admission(door: FrontDoor) -> Callable[..., Awaitable[ErrorInfo | None]]:
+    """The front door's refusals for another transport (MCP): rate limit, switch, budget."""
+
+    async def admit(
+        context: TrustedContext, tool: str, key: str | None, run_id: str | None
+    ) -> ErrorInfo | None:
+        if door.limiter is not None:
+            refused = door.limiter.acquire(context.tenant_id, tool)
+            if refused is not None:
+                door.metrics.rejections.labels(tool, ErrorCode.RATE_LIMITED.value).inc()
+                message = f"{refused.detail} Retry in {refused.retry_after_s} s."
+                return ErrorInfo.of(ErrorCode.RATE_LIMITED, message)
+        return await precheck(door, context, tool, key, run_id)
+
+    return admit
 
 
 async def approval_request(door: FrontDoor, event: ApprovalRequested) -> dict[str, Any]:
@@ -177,17 +185,7 @@ async def approval_request(door: FrontDoor, event: ApprovalRequested) -> dict[st
         view = await door.queries.approval(env.tenant_id, event.approval_id, now=now)
         if view is not None:
             return view.to_json()
-    impact = json.loads(event.impact_json)
-    return {
-        "id": event.approval_id,
-        "tool": env.tool,
-        "arguments": json.loads(event.arguments_redacted_json),
-        "args_digest": env.args_digest,
-        "impact": {name: impact.get(name) for name in IMPACT_FIELDS}
-        | {"irreversible": bool(impact.get("irreversible"))},
-        "status": "pending",
-        "expires_at": event.expires_at.isoformat(),
-    }
+    return governance.approval_request_json(event)
 
 
 def add_routes(

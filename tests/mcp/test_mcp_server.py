@@ -9,17 +9,9 @@ default, ``mode="auto"``) and with the initialize handshake and a stateful sessi
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,162 +19,38 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.client import TrustedContext
 from producers.mcp_server import LedgerMcpServer, mcp_input_schema
-from toolledger.embedded import EmbeddedLedger
+from tests.mcp.common import (
+    ACME,
+    ACME_TOKEN,
+    CHARGE,
+    GLOBEX_TOKEN,
+    KEYED,
+    NEEDS_APPROVAL,
+    ROOT,
+    Deployment,
+    approval_request,
+    body,
+    deployment,
+    embedded,
+    error_code,
+    http_client,
+    http_server_process,
+    new_key,
+    server_command,
+    stdio_parameters,
+)
 from toolledger.serve import tool_infos
-
-ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ["-m", "toolledger.cli", "mcp"]  # becomes ["-m", "toolledger.cli", "mcp"] once wired
-
-ACME_TOKEN = "acme-agent-token-0123456789"
-GLOBEX_TOKEN = "globex-agent-token-0123456789"
-TOKENS = {
-    "tokens": [
-        {"token": ACME_TOKEN, "tenant": "acme", "principal": "agent-a", "scopes": ["tools:call"]},
-        {"token": GLOBEX_TOKEN, "tenant": "globex", "principal": "agent-g"},
-    ]
-}
-ACME = TrustedContext("acme", "agent-a")
-KEYED = {"create_ticket", "close_ticket", "send_email", "charge_card", "flaky_write"}
-
-
-@dataclass
-class Deployment:
-    data: Path
-    tokens: Path
-    url: str = ""
-
-    def effects(self, tenant: str, tool: str, key: str) -> int:
-        store = HelpdeskStore(self.data / "helpdesk.db")
-        try:
-            return store.effect_count(tenant, tool, key)
-        finally:
-            store.close()
-
-
-def deployment(root: Path) -> Deployment:
-    root.mkdir(parents=True, exist_ok=True)
-    tokens = root / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    return Deployment(root / "data", tokens)
-
-
-def server_command(deploy: Deployment, *options: str) -> list[str]:
-    return [
-        sys.executable,
-        *ENTRY,
-        *options,
-        *("--data", str(deploy.data), "--tokens", str(deploy.tokens)),
-    ]
-
-
-def new_key() -> str:
-    return f"mcp-test:{uuid.uuid4().hex}"
-
-
-def body(result: types.CallToolResult) -> dict[str, Any]:
-    """The normalised JSON of a result; the text content and structuredContent agree."""
-    assert len(result.content) == 1
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    parsed: dict[str, Any] = json.loads(block.text)
-    assert parsed == result.structured_content
-    return parsed
-
-
-def error_code(result: types.CallToolResult) -> str:
-    assert result.is_error, result
-    parsed = body(result)
-    assert parsed["ok"] is False
-    assert set(parsed["error"]) >= {"code", "message", "retryable", "suggested_action"}
-    code: str = parsed["error"]["code"]
-    return code
-
-
-# -- servers ------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"the MCP server exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the MCP server is not up:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deploy = deployment(tmp_path_factory.mktemp("mcp-http"))
-    port = _free_port()
-    log = deploy.tokens.parent / "server.log"
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            server_command(
-                deploy, "--transport", "http", "--host", "127.0.0.1", "--port", str(port)
-            ),
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}/healthz", process, log)
-        deploy.url = f"http://127.0.0.1:{port}/mcp"
+    with http_server_process(deployment(tmp_path_factory.mktemp("mcp-http"))) as deploy:
         yield deploy
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
-
-
-@pytest.fixture(params=["auto", "legacy"], ids=["per-request", "handshake"])
-def mode(request: pytest.FixtureRequest) -> str:
-    value: str = request.param
-    return value
-
-
-@contextlib.asynccontextmanager
-async def http_client(url: str, token: str, mode: str) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
-        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
-    ):
-        yield client
-
-
-def stdio_parameters(deploy: Deployment, token: str) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable,
-        args=server_command(deploy, "--transport", "stdio")[1:],
-        env={"TOOLLEDGER_MCP_TOKEN": token},
-        cwd=ROOT,
-    )
 
 
 # -- the checks, shared by both transports --------------------------------------------------
@@ -199,8 +67,13 @@ async def check_listing(client: Client) -> None:
         key = schema["properties"]["idempotency_key"]
         assert (key["type"], key["minLength"], key["maxLength"]) == ("string", 1, 255)
         assert key["pattern"] == r"^[\x20-\x7E]+$"
+        token = schema["properties"]["approval_token"]  # optional, next to the key
+        assert (token["type"], token["minLength"], token["maxLength"]) == ("string", 1, 4096)
+        assert "approval_token" not in schema["required"]
         assert tool.description is not None
         assert "same key" in tool.description and "stored outcome" in tool.description
+        # only the tools that need a human's approval say so
+        assert ("APPROVAL_REQUIRED" in tool.description) is (name in NEEDS_APPROVAL), name
         annotations = tool.annotations
         assert annotations is not None
         assert annotations.read_only_hint is False
@@ -211,10 +84,17 @@ async def check_listing(client: Client) -> None:
     create = tools["create_ticket"].input_schema
     assert create["required"] == ["title", "idempotency_key"]  # the model's own arguments first
     assert create["additionalProperties"] is False
-    assert set(create["properties"]) == {"title", "body", "priority", "idempotency_key"}
+    assert set(create["properties"]) == {
+        "title",
+        "body",
+        "priority",
+        "idempotency_key",
+        "approval_token",
+    }
     listing = tools["list_tickets"]
     assert "idempotency_key" not in listing.input_schema.get("properties", {})
     assert "idempotency_key" not in listing.input_schema.get("required", [])
+    assert "approval_token" not in listing.input_schema.get("properties", {})
     assert listing.annotations is not None
     assert listing.annotations.read_only_hint is True
     assert listing.annotations.destructive_hint is None
@@ -287,6 +167,24 @@ async def check_tenant_argument_is_refused(
     assert [f["loc"] for f in body(result)["error"]["field_errors"]] == ["tenant_id"]
     assert deploy.effects(other, "create_ticket", key) == 0
     assert deploy.effects(tenant, "create_ticket", key) == 0
+
+
+async def check_approval_required(client: Client, deploy: Deployment, tenant: str) -> None:
+    """A call that needs approval runs nothing and answers with the approval request; a
+    token that is not one for this call is an ordinary error; the key stays usable."""
+    key = new_key()
+    arguments = {**CHARGE, "idempotency_key": key}
+    request = approval_request(await client.call_tool("charge_card", arguments))
+    assert request["tool"] == "charge_card"
+    assert request["arguments"]["amount_cents"] == 1250
+    assert "cus_secret_42" not in str(request)  # the manifest redacts customer_id
+    assert request["impact"]["cost"] == "12.50 EUR" and request["impact"]["irreversible"] is True
+    again = approval_request(await client.call_tool("charge_card", dict(arguments)))
+    assert again["id"] == request["id"]
+    forged = await client.call_tool("charge_card", {**arguments, "approval_token": "apt_forged"})
+    assert error_code(forged) == "APPROVAL_INVALID"
+    assert "approval_request" not in body(forged)
+    assert deploy.effects(tenant, "charge_card", key) == 0
 
 
 async def check_unknown_tool(client: Client) -> None:
@@ -370,6 +268,11 @@ async def test_http_tenant_comes_from_the_token(http_server: Deployment, mode: s
     assert mine["result"]["ticket_id"] not in tickets
 
 
+async def test_http_approval_required(http_server: Deployment, mode: str) -> None:
+    async with http_client(http_server.url, ACME_TOKEN, mode) as client:
+        await check_approval_required(client, http_server, "acme")
+
+
 async def test_http_unknown_tool_is_a_protocol_error(http_server: Deployment, mode: str) -> None:
     async with http_client(http_server.url, ACME_TOKEN, mode) as client:
         await check_unknown_tool(client)
@@ -435,6 +338,7 @@ async def test_stdio(tmp_path: Path) -> None:
         await check_key_reuse(client, deploy, "acme")
         await check_validation(client, deploy, "acme")
         await check_tenant_argument_is_refused(client, deploy, "acme", "globex")
+        await check_approval_required(client, deploy, "acme")
         await check_unknown_tool(client)
         key = new_key()
         arguments = {"title": "Across processes", "idempotency_key": key}
@@ -466,17 +370,6 @@ def test_stdio_refuses_to_start_without_a_known_token(tmp_path: Path) -> None:
 # -- in process ---------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def embedded(root: Path) -> AsyncIterator[tuple[EmbeddedLedger, HelpdeskStore]]:
-    store = HelpdeskStore(root / "helpdesk.db")
-    registry = helpdesk_registry(store)
-    try:
-        async with EmbeddedLedger(root / "ledger.db", registry) as ledger:
-            yield ledger, store
-    finally:
-        store.close()
-
-
 async def test_a_call_still_running_after_the_wait_is_a_retryable_error(tmp_path: Path) -> None:
     async with embedded(tmp_path) as (ledger, store):
         tools = tool_infos(ledger.registry)
@@ -506,14 +399,15 @@ async def test_without_an_identity_nothing_runs(tmp_path: Path) -> None:
         assert store.effect_counts() == {}
 
 
-def test_an_argument_named_idempotency_key_cannot_be_exposed() -> None:
+@pytest.mark.parametrize("name", ["idempotency_key", "approval_token"])
+def test_an_argument_named_like_a_reserved_one_cannot_be_exposed(name: str) -> None:
     @dataclass
     class Spec:
         name: str
         keyed: bool
         manifest: dict[str, Any]
 
-    schema = {"type": "object", "properties": {"idempotency_key": {"type": "string"}}}
+    schema = {"type": "object", "properties": {name: {"type": "string"}}}
     with pytest.raises(ValueError, match="reserves"):
         mcp_input_schema(Spec("clash", True, {"arguments_schema": schema}))
     read_only = mcp_input_schema(Spec("fine", False, {"arguments_schema": schema}))

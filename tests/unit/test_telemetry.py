@@ -128,6 +128,16 @@ def test_stage_sets_call_attributes(exporter: InMemorySpanExporter) -> None:
     }
 
 
+def test_set_call_attributes_on_a_span_started_before_the_call_was_known(
+    exporter: InMemorySpanExporter,
+) -> None:
+    ctx = _ctx()
+    with telemetry.stage("intent", None, tool="payments.refund") as span:
+        telemetry.set_call_attributes(span, ctx)
+    (finished,) = exporter.get_finished_spans()
+    assert dict(finished.attributes or {}) == telemetry.call_attributes(ctx)
+
+
 def test_call_attributes_leave_out_absent_run_and_private_fields() -> None:
     ctx = _ctx(run_id=None)
     attributes = telemetry.call_attributes(ctx)
@@ -261,6 +271,7 @@ def test_noop_provider_records_nothing_and_builds_no_attributes(
     try:
         with telemetry.stage("execute", _ctx(), attempt=1) as span:
             assert not span.is_recording()
+            telemetry.set_call_attributes(span, _ctx())
             telemetry.record_outcome(span, status="SUCCEEDED", attempts=1)
         with pytest.raises(ValueError), telemetry.stage("commit", _ctx()):
             raise ValueError("still propagates")
