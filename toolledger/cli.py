@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -66,6 +67,11 @@ PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix."
 PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
 
 
+ApprovalRequestTtlOption = Annotated[
+    float, typer.Option(help="How long an approval request stays open, in seconds.")
+]
+
+
 @app.command()
 def executor(
     kafka: KafkaOption = DEFAULT_KAFKA,
@@ -82,6 +88,11 @@ def executor(
     redaction_secret_file: Annotated[Path | None, typer.Option(help="Redaction key file.")] = None,
     ready_file: Annotated[
         str | None, typer.Option(help="Touched once partitions are owned.")
+    ] = None,
+    approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
+    intents_retention_ms: Annotated[
+        int | None,
+        typer.Option(help="Retention of the intents topic (raw arguments) when it is created."),
     ] = None,
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
@@ -106,6 +117,8 @@ def executor(
             concurrency=concurrency,
             session_timeout_ms=session_timeout_ms,
             ready_file=ready_file,
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            intents_retention_ms=intents_retention_ms,
         )
     )
 
@@ -226,9 +239,20 @@ def serve(
     policy: Annotated[
         Path | None, typer.Option(help="Policy file (JSON): rate limits per tenant and tool.")
     ] = None,
+    approval_ttl_s: Annotated[
+        float, typer.Option(help="How long an approval token is valid, in seconds.")
+    ] = 600.0,
+    approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
+    run_max_attempts: Annotated[
+        int, typer.Option(help="Handler attempts a run may use over all its calls (0: no budget).")
+    ] = 100,
+    run_max_repeats: Annotated[
+        int, typer.Option(help="Repeats of one failure of a tool before a run's calls of it stop.")
+    ] = 3,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
+    from producers.http.governance import RunBudget
     from producers.http.jwt_auth import ClaimNames
     from schemas.topics import Topics
     from toolledger import serve as wiring
@@ -248,7 +272,17 @@ def serve(
     claims = ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim)
     audience = jwt_audience or None
 
-    security = wiring.Security(token_store, jwks, jwt_issuer, audience, policy, algorithms, claims)
+    security = wiring.Security(
+        token_store,
+        jwks,
+        jwt_issuer,
+        audience,
+        policy,
+        algorithms,
+        claims,
+        approval_token_ttl=timedelta(seconds=approval_ttl_s),
+        run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
+    )
     _tracing()
 
     async def main() -> None:
@@ -259,6 +293,7 @@ def serve(
             kafka=kafka,
             postgres=postgres,
             topics=Topics(prefix, partitions),
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
         )
         async with door as front:
             await wiring.serve(front, host, port)
