@@ -15,15 +15,14 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
+from processors import tracing
 from processors.ledger import (
     ApprovalGate,
     AttemptFinished,
@@ -31,7 +30,6 @@ from processors.ledger import (
     CallContext,
     CallState,
     ChangeSwitch,
-    Command,
     DecideApproval,
     Decision,
     Execute,
@@ -40,14 +38,12 @@ from processors.ledger import (
     FoundFailed,
     Gate,
     Inconclusive,
-    NotHappened,
     ReconcileFinished,
     ReconcileOutcome,
     Submit,
     Success,
     Sweep,
     TimedOut,
-    decide,
 )
 from processors.ledger.governance import (
     ANY,
@@ -57,7 +53,7 @@ from processors.ledger.governance import (
     disabled_error,
     token_digest,
 )
-from processors.telemetry import record_outcome, set_call_attributes, stage
+from processors.telemetry import set_call_attributes, stage
 from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
@@ -66,18 +62,12 @@ from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
-    ApprovalRequested,
     Envelope,
     Event,
     FailureDisposition,
-    Resolution,
     ToolCallFailed,
-    ToolCallOutcomeUnknown,
-    ToolCallReconciled,
     ToolCallRejected,
-    ToolCallReplayed,
     ToolCallRequested,
-    ToolCallStarted,
     ToolCallSucceeded,
 )
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_of, check_idempotency_key
@@ -245,11 +235,11 @@ class Stages:
 
     async def run_intent(self, intent: ToolCallRequested, port: CallPort) -> None:
         env = intent.envelope
-        with _traced_run("intent", port, **_envelope_attributes(env)) as run:
+        with tracing.traced_run("intent", port, **tracing.envelope_attributes(env)) as run:
             with stage("admit", tenant=env.tenant_id, tool=env.tool) as span:
                 admitted = self.admit(intent)
                 if isinstance(admitted, ToolCallRejected):
-                    _record(span, _event_outcome(admitted))
+                    tracing.record(span, tracing.event_outcome(admitted))
             if isinstance(admitted, ToolCallRejected):
                 await run.commit([admitted], final=True)
                 return
@@ -258,7 +248,7 @@ class Stages:
             if not admitted.tool.keyed:
                 await run.commit([await self._run_read_only(admitted)], final=True)
                 return
-            decision = _decide(
+            decision = tracing.traced_decide(
                 run.state(ctx.call_key),
                 Submit(
                     context=ctx,
@@ -311,30 +301,34 @@ class Stages:
     ) -> None:
         """An operator approved or denied a request; answered with the event or a refusal."""
         env = decision.envelope
-        attributes = _envelope_attributes(env) | {"decision": decision.TYPE}
-        with _traced_run("approval_decision", port, **attributes) as run:
+        attributes = tracing.envelope_attributes(env) | {"decision": decision.TYPE}
+        with tracing.traced_run("approval_decision", port, **attributes) as run:
             if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
                 await run.commit(
                     [_refusal(env, "The decision's call key does not match it.")], final=True
                 )
                 return
-            outcome = _decide(None, DecideApproval(decision, run.approvals(env.call_key)))
+            outcome = tracing.traced_decide(
+                None, DecideApproval(decision, run.approvals(env.call_key))
+            )
             await run.commit(outcome.events, final=True)
 
     async def run_switch(self, change: SwitchEvent, port: CallPort, partition: int) -> None:
-        attributes = _envelope_attributes(change.envelope) | {"partition": partition}
-        with _traced_run("switch", port, **attributes) as run:
-            await run.commit(_decide(None, ChangeSwitch(change, partition)).events, final=True)
+        attributes = tracing.envelope_attributes(change.envelope) | {"partition": partition}
+        with tracing.traced_run("switch", port, **attributes) as run:
+            await run.commit(
+                tracing.traced_decide(None, ChangeSwitch(change, partition)).events, final=True
+            )
 
     async def run_sweep(self, call_key: str, port: CallPort) -> None:
         """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
-        with _traced_run("sweep", port) as run:
+        with tracing.traced_run("sweep", port) as run:
             state = run.state(call_key)
             tool = self.registry.get(state.context.tool) if state else None
             if state is None or tool is None:
                 return
             set_call_attributes(run.span, state.context)
-            decision = _decide(state, Sweep(policy=tool.policy, now=self.clock.now()))
+            decision = tracing.traced_decide(state, Sweep(policy=tool.policy, now=self.clock.now()))
             admitted = Admitted(tool, tool.arguments.model_construct(), state.context, "{}")
             await self._drive(admitted, decision, run, by_intent=False)
 
@@ -363,7 +357,7 @@ class Stages:
                 started = self.clock.monotonic()
                 outcome = await self._attempt(admitted, action.attempt)
                 duration_ms = int((self.clock.monotonic() - started) * 1000)
-                decision = _decide(
+                decision = tracing.traced_decide(
                     state,
                     AttemptFinished(
                         context=ctx,
@@ -379,7 +373,7 @@ class Stages:
                 )
             else:
                 found = await self._reconcile(tool, ctx, action.reconcile_attempt)
-                decision = _decide(
+                decision = tracing.traced_decide(
                     state,
                     ReconcileFinished(
                         context=ctx,
@@ -409,7 +403,7 @@ class Stages:
     async def _attempt(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
         with stage("execute", admitted.context, attempt=attempt) as span:
             outcome = await self._run_handler(admitted, attempt)
-            _record(span, _attempt_outcome(outcome))
+            tracing.record(span, tracing.attempt_outcome(outcome))
         return outcome
 
     async def _run_handler(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
@@ -444,7 +438,7 @@ class Stages:
     async def _reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
         with stage("reconcile", ctx, reconcile_attempt=n) as span:
             found = await self._query_downstream(tool, ctx, n)
-            _record(span, _reconcile_outcome(found))
+            tracing.record(span, tracing.reconcile_outcome(found))
         return found
 
     async def _query_downstream(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
@@ -495,138 +489,6 @@ class Stages:
             fingerprint="",
             duration_ms=duration_ms,
         )
-
-
-# -- tracing: a span per stage, never carrying arguments --------------------------------------
-
-
-class _Outcome(NamedTuple):
-    """What a stage's span records once the stage is over."""
-
-    status: str
-    attempts: int | None = None
-    downstream_request_id: str | None = None
-    error_code: str | None = None
-
-
-def _record(span: Span, outcome: _Outcome | None) -> None:
-    if outcome is not None:
-        record_outcome(
-            span,
-            status=outcome.status,
-            attempts=outcome.attempts,
-            downstream_request_id=outcome.downstream_request_id,
-            error_code=outcome.error_code,
-        )
-
-
-class _TracedPort:
-    """The port of one traced run: spans each commit and keeps the last outcome committed."""
-
-    __slots__ = ("_port", "epoch", "outcome", "span")
-
-    def __init__(self, port: CallPort, span: Span) -> None:
-        self._port = port
-        self.epoch = port.epoch
-        self.span = span
-        self.outcome: _Outcome | None = None
-
-    def state(self, call_key: str) -> CallState | None:
-        return self._port.state(call_key)
-
-    def approvals(self, call_key: str) -> ApprovalBook | None:
-        return self._port.approvals(call_key)
-
-    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
-        return self._port.disabled(tenant_id, tool)
-
-    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
-        with stage("commit", events=len(events)) as span:
-            if span.is_recording():
-                span.set_attribute("toolledger.event_types", ",".join(e.TYPE for e in events))
-            await self._port.commit(events, final=final)
-        if not self.span.is_recording():
-            return
-        for event in events:
-            self.outcome = _event_outcome(event) or self.outcome
-
-
-@contextmanager
-def _traced_run(name: str, port: CallPort, **attributes: str | int | None) -> Iterator[_TracedPort]:
-    """A span ``toolledger.<name>`` around a run, with the outcome of the events it committed."""
-    with stage(name, None, **attributes) as span:
-        run = _TracedPort(port, span)
-        try:
-            yield run
-        finally:
-            _record(span, run.outcome)
-
-
-def _envelope_attributes(env: Envelope) -> dict[str, str | int | None]:
-    """Who asked for what, before the call is admitted (no arguments, no principal)."""
-    return {
-        "tenant": env.tenant_id,
-        "tool": env.tool,
-        "idempotency_key": env.idempotency_key or None,
-        "intent_id": env.intent_id,
-    }
-
-
-def _decide(state: CallState | None, command: Command, ctx: CallContext | None = None) -> Decision:
-    with stage("decide", ctx, command=type(command).__name__):
-        return decide(state, command)
-
-
-def _attempt_outcome(outcome: AttemptOutcome) -> _Outcome:
-    if isinstance(outcome, Success):
-        return _Outcome("SUCCEEDED", downstream_request_id=outcome.downstream_request_id)
-    if isinstance(outcome, Failure):
-        return _Outcome("FAILED", error_code=outcome.error.code)
-    return _Outcome("UNKNOWN")
-
-
-def _reconcile_outcome(found: ReconcileOutcome) -> _Outcome:
-    if isinstance(found, Found):
-        return _Outcome("SUCCEEDED", downstream_request_id=found.downstream_request_id)
-    if isinstance(found, FoundFailed):
-        return _Outcome("FAILED_FINAL", error_code=found.error.code)
-    if isinstance(found, NotHappened):
-        return _Outcome("NOT_HAPPENED")
-    return _Outcome("INCONCLUSIVE")
-
-
-# The call's status after a reconcile, as its caller sees it.
-_RECONCILED = {
-    Resolution.SUCCEEDED: "SUCCEEDED",
-    Resolution.FAILED_FINAL: "FAILED_FINAL",
-    Resolution.NOT_HAPPENED: "FAILED_RETRYABLE",
-    Resolution.INCONCLUSIVE: "UNKNOWN",
-}
-
-
-def _event_outcome(event: Event) -> _Outcome | None:
-    """The status (and attempts, request id, error code) a committed event leaves its run in."""
-    if isinstance(event, ToolCallStarted):
-        return _Outcome("PENDING", event.attempt)
-    if isinstance(event, ToolCallSucceeded):
-        return _Outcome("SUCCEEDED", event.attempt, event.downstream_request_id)
-    if isinstance(event, ToolCallFailed):
-        final = event.disposition is FailureDisposition.FINAL
-        status = "FAILED_FINAL" if final else "FAILED_RETRYABLE"
-        return _Outcome(status, event.attempt, error_code=event.error.code)
-    if isinstance(event, ToolCallOutcomeUnknown):
-        return _Outcome("UNKNOWN", event.attempt, error_code=ErrorCode.OUTCOME_UNKNOWN.value)
-    if isinstance(event, ToolCallReconciled):
-        code = event.error.code if event.error else None
-        return _Outcome(_RECONCILED[event.resolution], None, event.downstream_request_id, code)
-    if isinstance(event, ToolCallReplayed):
-        code = event.error.code if event.error else None
-        return _Outcome(event.status.value, event.attempts, error_code=code)
-    if isinstance(event, ToolCallRejected):
-        return _Outcome("REJECTED", error_code=event.error.code)
-    if isinstance(event, ApprovalRequested):
-        return _Outcome("APPROVAL_REQUIRED", error_code=ErrorCode.APPROVAL_REQUIRED.value)
-    return None  # approval bookkeeping, decisions and switches: see the commit span
 
 
 def _switched_off(port: CallPort, ctx: CallContext) -> ErrorInfo | None:
