@@ -235,7 +235,7 @@ class Stages:
 
     async def run_intent(self, intent: ToolCallRequested, port: CallPort) -> None:
         env = intent.envelope
-        with tracing.traced_run("intent", port, **tracing.envelope_attributes(env)) as run:
+        with tracing.traced_run("intent", port, env) as run:
             with stage("admit", tenant=env.tenant_id, tool=env.tool) as span:
                 admitted = self.admit(intent)
                 if isinstance(admitted, ToolCallRejected):
@@ -301,8 +301,7 @@ class Stages:
     ) -> None:
         """An operator approved or denied a request; answered with the event or a refusal."""
         env = decision.envelope
-        attributes = tracing.envelope_attributes(env) | {"decision": decision.TYPE}
-        with tracing.traced_run("approval_decision", port, **attributes) as run:
+        with tracing.traced_run("approval_decision", port, env, decision=decision.TYPE) as run:
             if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
                 await run.commit(
                     [_refusal(env, "The decision's call key does not match it.")], final=True
@@ -314,15 +313,14 @@ class Stages:
             await run.commit(outcome.events, final=True)
 
     async def run_switch(self, change: SwitchEvent, port: CallPort, partition: int) -> None:
-        attributes = tracing.envelope_attributes(change.envelope) | {"partition": partition}
-        with tracing.traced_run("switch", port, **attributes) as run:
+        with tracing.traced_run("switch", port, change.envelope, partition=partition) as run:
             await run.commit(
                 tracing.traced_decide(None, ChangeSwitch(change, partition)).events, final=True
             )
 
     async def run_sweep(self, call_key: str, port: CallPort) -> None:
         """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
-        with tracing.traced_run("sweep", port) as run:
+        with tracing.traced_run("sweep", port, None) as run:
             state = run.state(call_key)
             tool = self.registry.get(state.context.tool) if state else None
             if state is None or tool is None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -39,6 +40,7 @@ __all__ = [
     "record_outcome",
     "set_call_attributes",
     "stage",
+    "tracing_enabled",
     "use_tracer_provider",
 ]
 
@@ -91,16 +93,60 @@ def call_attributes(ctx: CallContext) -> dict[str, str]:
     return attributes
 
 
-@contextmanager
+class _Untraced:
+    """What ``stage`` returns while no tracer provider is configured: a reusable no-op, so
+    the executor's hot path pays one check per stage instead of a no-op span's context
+    switches."""
+
+    def __enter__(self) -> Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNTRACED = _Untraced()
+
+
+_global_set = False  # a global SDK provider was seen (it can never be replaced or removed)
+_next_check = 0.0
+
+
+def tracing_enabled() -> bool:
+    """Whether spans go anywhere: a provider given to ``use_tracer_provider``, or a global
+    one that is not the API's proxy or no-op default (looked for at most once a second: the
+    lookup reads the environment)."""
+    global _global_set, _next_check
+    if _provider is not None or _global_set:
+        return True
+    now = time.monotonic()
+    if now < _next_check:
+        return False
+    _next_check = now + 1.0
+    _global_set = not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+    return _global_set
+
+
 def stage(
     name: str, ctx: CallContext | None = None, **attributes: str | int | bool | None
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """Run the block in a child span ``toolledger.<name>`` carrying the call's attributes.
 
     Extra attributes are namespaced ``toolledger.<key>`` (unless the key already has a dot);
     None values are skipped. If the block raises, the span records the exception's type and
     frames (not its message), gets an error status, and the exception propagates.
     """
+    if not tracing_enabled():
+        return _UNTRACED
+    return _stage(name, ctx, attributes)
+
+
+@contextmanager
+def _stage(
+    name: str, ctx: CallContext | None, attributes: dict[str, str | int | bool | None]
+) -> Iterator[Span]:
     with _tracer().start_as_current_span(
         _PREFIX + name, record_exception=False, set_status_on_exception=False
     ) as span:
@@ -168,12 +214,13 @@ def configure_tracing(
     service_name: str = "toolledger",
     simple: bool = False,
 ) -> SdkTracerProvider:
-    """Build an SDK tracer provider exporting to ``exporter``, set it globally and return it.
+    """Build an SDK tracer provider exporting to ``exporter``, set it globally and return it
+    (not set when there is no exporter: spans would go nowhere, and stages stay free).
 
     ``simple=True`` exports each span synchronously (tests); otherwise spans are batched.
     Without an exporter, OTLP is used when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces
-    variant) is set and an OTLP exporter package is installed; else the provider has no
-    processor (spans go nowhere; nothing is printed). ``OTEL_SERVICE_NAME`` and
+    variant) is set and an OTLP exporter package is installed; else nothing is installed
+    and nothing is printed. ``OTEL_SERVICE_NAME`` and
     ``OTEL_RESOURCE_ATTRIBUTES`` take precedence over ``service_name``. The global provider
     can be set only once per process: later calls still return a new provider but the
     global one stays the first.
@@ -186,10 +233,13 @@ def configure_tracing(
     provider = SdkTracerProvider(resource=resource)
     if exporter is None:
         exporter = _otlp_exporter_from_env()
-    if exporter is not None:
-        processor = SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter)
-        provider.add_span_processor(processor)
+    if exporter is None:
+        return provider  # nowhere to send spans: not installed, so stages stay free
+    processor = SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    global _next_check
+    _next_check = 0.0  # seen by tracing_enabled() at once
     return provider
 
 

@@ -24,7 +24,7 @@ from processors.ledger import (
     decide,
 )
 from processors.ledger.governance import ApprovalBook, Switch
-from processors.telemetry import record_outcome, stage
+from processors.telemetry import record_outcome, stage, tracing_enabled
 from schemas.errors import ErrorCode
 from schemas.events import (
     ApprovalRequested,
@@ -97,8 +97,14 @@ class TracedPort:
 
 
 @contextmanager
-def traced_run(name: str, port: CallPort, **attributes: str | int | None) -> Iterator[TracedPort]:
-    """A span ``toolledger.<name>`` around a run, with the outcome of the events it committed."""
+def traced_run(
+    name: str, port: CallPort, env: Envelope | None, **extra: str | int | None
+) -> Iterator[TracedPort]:
+    """A span ``toolledger.<name>`` around a run of the record with envelope ``env`` (None: a
+    sweep), with the outcome of the events it committed."""
+    attributes: dict[str, str | int | None] = {}
+    if tracing_enabled():
+        attributes = (envelope_attributes(env) if env is not None else {}) | extra
     with stage(name, None, **attributes) as span:
         run = TracedPort(port, span)
         try:

@@ -148,6 +148,8 @@ def newer(current: Switch | None, candidate: Switch) -> bool:
 def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switch | None:
     """The switch that keeps ``tool`` off for ``tenant_id``, if any: tenant-specific and
     global switches, for the tool and for every tool, each on its own."""
+    if not switches:
+        return None
     for tenant in (tenant_id, ANY):
         for name in (tool, ANY):
             switch = switches.get(switch_key(tenant, name))

@@ -380,7 +380,7 @@ def test_configure_tracing_without_exporter_is_silent(
     _no_processors(monkeypatch)
     provider = telemetry.configure_tracing(None)
     try:
-        assert installed == [provider]
+        assert installed == []  # nowhere to export: not installed, stages stay free
         _emit(provider)
     finally:
         provider.shutdown()
@@ -398,7 +398,7 @@ def test_otlp_endpoint_without_exporter_package(
     _no_processors(monkeypatch)
     provider = telemetry.configure_tracing(None)
     provider.shutdown()
-    assert installed == [provider]
+    assert installed == []
 
 
 class _FakeOtlp(InMemorySpanExporter):
@@ -457,3 +457,15 @@ def test_otlp_protocol_asked_for_is_used(
         assert len(_FakeOtlp.instances) == 1
     finally:
         provider.shutdown()
+
+
+def test_without_a_provider_stages_cost_one_check_and_record_nothing() -> None:
+    from opentelemetry import trace as api
+
+    from processors import telemetry
+
+    telemetry.use_tracer_provider(None)
+    assert isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)  # tests never set one
+    assert telemetry.tracing_enabled() is False
+    with telemetry.stage("admit", tenant="acme") as span:
+        assert span is api.INVALID_SPAN and not span.is_recording()
