@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -48,6 +49,7 @@ TRACER_NAME = "toolledger"
 """The instrumentation scope name of every span this module starts."""
 
 _PREFIX = "toolledger."
+SPANS_FILE_ENV = "TOOLLEDGER_SPANS_FILE"
 
 # The OTLP span exporter module of each OTEL_EXPORTER_OTLP_PROTOCOL value.
 _OTLP_MODULES = {
@@ -218,10 +220,12 @@ def configure_tracing(
     (not set when there is no exporter: spans would go nowhere, and stages stay free).
 
     ``simple=True`` exports each span synchronously (tests); otherwise spans are batched.
-    Without an exporter, OTLP is used when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces
-    variant) is set and an OTLP exporter package is installed; else nothing is installed
-    and nothing is printed. ``OTEL_SERVICE_NAME`` and
-    ``OTEL_RESOURCE_ATTRIBUTES`` take precedence over ``service_name``. The global provider
+    Without an exporter, spans are appended as JSON lines to the file named by
+    ``TOOLLEDGER_SPANS_FILE`` if set (audits, tests); else OTLP is used when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces variant) is set and an OTLP exporter
+    package is installed; else nothing is installed and nothing is printed.
+    ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` take precedence over
+    ``service_name``. The global provider
     can be set only once per process: later calls still return a new provider but the
     global one stays the first.
     """
@@ -231,6 +235,8 @@ def configure_tracing(
 
     resource = Resource.create({SERVICE_NAME: service_name}).merge(OTELResourceDetector().detect())
     provider = SdkTracerProvider(resource=resource)
+    if exporter is None and os.environ.get(SPANS_FILE_ENV):
+        exporter, simple = _file_exporter(Path(os.environ[SPANS_FILE_ENV])), True
     if exporter is None:
         exporter = _otlp_exporter_from_env()
     if exporter is None:
@@ -241,6 +247,14 @@ def configure_tracing(
     global _next_check
     _next_check = 0.0  # seen by tracing_enabled() at once
     return provider
+
+
+def _file_exporter(path: Path) -> SpanExporter:
+    """Finished spans as JSON lines appended to ``path``."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    out = path.open("a", encoding="utf-8")  # held for the process's lifetime
+    return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
 
 
 def _otlp_exporter_from_env() -> SpanExporter | None:

@@ -75,6 +75,11 @@ class Process:
         except OSError:
             return ""
 
+    @property
+    def spans_path(self) -> Path:
+        """Where the process appends its finished spans (JSON lines)."""
+        return self.log_path.with_suffix(".spans.jsonl")
+
     def check_alive(self) -> None:
         if self.popen.poll() is not None:
             raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n{self.log()}")
@@ -91,12 +96,13 @@ class Process:
 
 def spawn(name: str, args: list[str], workdir: Path, env: dict[str, str] | None = None) -> Process:
     log_path = workdir / f"{name}.log"
+    spans = {"TOOLLEDGER_SPANS_FILE": str(log_path.with_suffix(".spans.jsonl"))}
     command = [sys.executable, "-m", "toolledger.cli", "--log-level", "INFO", *args]
     with open(log_path, "wb") as log_file:
         popen = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=dict(os.environ, **(env or {})),
+            env=dict(os.environ, **spans, **(env or {})),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -145,6 +151,15 @@ class Server:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.log()}" for p in self.processes)
+
+    def everything_logged(self) -> dict[str, bytes]:
+        """Every log line and every exported span of every process, in full."""
+        found: dict[str, bytes] = {}
+        for p in self.processes:
+            for path in (p.log_path, p.spans_path):
+                if path.exists():
+                    found[path.name] = path.read_bytes()
+        return found
 
     # -- the downstream: every real side effect is a row ------------------------------------
 

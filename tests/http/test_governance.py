@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from schemas.keys import CallKey
 from tests.http.helpers import (
     approval_token,
     assert_call,
@@ -304,3 +305,29 @@ async def test_stats_are_per_tenant_and_all_tenants_for_operators(
     assert own["tenant_id"] == "globex"
     other = await client.get("/v1/stats", params={"tenant": "acme"}, headers=GLOBEX.headers)
     assert_problem(other, 403, "FORBIDDEN")
+
+
+async def test_a_tenant_smuggled_into_the_arguments_is_refused_and_audited(
+    server: Server, client: httpx.AsyncClient, key: str
+) -> None:
+    smuggled = {"title": "x", "tenant_id": "globex", "principal": "root"}
+    refused = await post_call(client, "create_ticket", smuggled, key=key)
+    problem = assert_problem(refused, 400, "VALIDATION_FAILED")
+    assert {"tenant_id", "principal"} <= {e["loc"] for e in problem["errors"]}
+    assert server.effects("globex", "create_ticket", key) == 0
+    assert server.effects("acme", "create_ticket", key) == 0
+    call_id = CallKey("acme", "create_ticket", key).call_id
+    trail = await _poll(
+        client,
+        f"/v1/calls/{call_id}/events",
+        OPERATOR,
+        lambda r: r.status_code == 200 and bool(r.json()["items"]),
+    )
+    (event,) = trail.json()["items"]
+    assert event["type"] == "ToolCallRejected" and event["error"]["code"] == "VALIDATION_FAILED"
+    # the refusal consumed nothing: the key works with the right arguments
+    assert_call(
+        await post_call(client, "create_ticket", {"title": "x"}, key=key),
+        "SUCCEEDED",
+        replayed=False,
+    )

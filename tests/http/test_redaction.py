@@ -1,9 +1,9 @@
 """Sensitive argument values exist only on the intents stream.
 
-A run with approvals, a replay, a refused token, a validation failure and a failing call puts
-recognisable secrets in every field the manifests redact; afterwards every other store (the
-outcome, state and dead-letter logs, every projection table, the executor's state) and every
-log line of every process is searched for them, on each backend. The intents stream is the
+A run with approvals, a replay, a refused token and a validation failure puts recognisable
+secrets in every field the manifests redact; afterwards every other store (the outcome, state
+and dead-letter logs, every projection table, the executor's state), every log line and every
+exported span of every process is searched for them, on each backend. The intents stream is the
 one place they must be found (so the search is shown to look in the right bytes).
 """
 
@@ -129,11 +129,13 @@ async def test_raw_sensitive_values_are_only_on_the_intents_stream(
         raise AssertionError("the stores never showed the run")
 
     stores, intents = await searched()
-    logs = server.logs().encode()
+    logged = server.everything_logged()
+    spans = b"".join(v for k, v in logged.items() if k.endswith(".spans.jsonl"))
+    assert b'"name": "toolledger.execute"' in spans, "the executor's spans were not exported"
+    assert b"ApprovalConsumed" in spans  # spans of this run, not only of earlier tests
     for name, value in secrets.items():
         raw = value.encode()
         assert raw in intents, f"{name}: the search does not see the intents stream"
-        for where, content in stores.items():
+        for where, content in {**stores, **logged}.items():
             assert raw not in content, f"{name} found in {where}"
-        assert raw not in logs, f"{name} found in a log line"
     assert b"redacted:hmac-sha256:" in b"".join(stores.values())  # masked, still comparable
