@@ -7,6 +7,7 @@ effects. Unit tests may use fakes; the real stores run in the contract suite.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import uuid
@@ -22,7 +23,14 @@ from processors.ledger import CallState, Found, NotHappened, ReconcileOutcome
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionWorker
 from processors.runtime.snapshot import Snapshot
-from processors.tools.manifest import RetryPolicy, Tool, ToolContext, ToolDescription, ToolError
+from processors.tools.manifest import (
+    RetryPolicy,
+    Tool,
+    ToolContext,
+    ToolDescription,
+    ToolError,
+    always,
+)
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.codec import decode, encode
@@ -98,10 +106,11 @@ class MemoryStore:
             self.position = batch.next_offset
 
 
-def _registry(downstream: Downstream) -> ToolRegistry:
+def _registry(downstream: Downstream, *, approval: bool = False) -> ToolRegistry:
     registry = ToolRegistry()
     registry.register(
         Tool(
+            approval=always if approval else None,
             name="op",
             version="1",
             arguments=Args,
@@ -118,8 +127,10 @@ def _registry(downstream: Downstream) -> ToolRegistry:
     return registry
 
 
-def _intent(key: str, args: dict[str, object]) -> bytes:
-    intent_id = uuid.uuid4().hex
+def _intent(
+    key: str, args: dict[str, object], token: str | None = None, intent_id: str | None = None
+) -> bytes:
+    intent_id = intent_id or uuid.uuid4().hex
     return encode(
         ToolCallRequested(
             envelope=Envelope(
@@ -135,6 +146,7 @@ def _intent(key: str, args: dict[str, object]) -> bytes:
             ),
             arguments_json=json.dumps(args),
             scopes=["tools:call"],
+            approval_token=token,
         )
     )
 
@@ -249,3 +261,67 @@ def test_a_switch_refuses_intents_queued_before_it_and_survives_a_takeover() -> 
     assert sum(downstream.effects.values()) == downstream.effects["e"] == 1
     switched = [e.TYPE for e in store.outcomes if e.TYPE in ("ToolDisabled", "ToolEnabled")]
     assert switched == ["ToolDisabled", "ToolEnabled"]
+
+
+STEPS = st.lists(
+    st.sampled_from(["ask", "grant", "use", "use_other_key", "use_other_args", "off", "on"]),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, crash_at=st.one_of(st.none(), st.integers(1, 10)), seed=st.integers(0, 999))
+def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
+    steps: list[str], crash_at: int | None, seed: int
+) -> None:
+    """Asks, the operator's grant, uses of the token (right call, another key, other
+    arguments) and switches in any order, with a crash at any commit: the approved call runs
+    at most once, only after its ApprovalConsumed, and nothing else ever runs."""
+    from processors.ledger.governance import token_digest
+    from producers import governance
+    from schemas.canonical import args_digest
+
+    random.seed(seed)
+    downstream = Downstream()
+    stages = Stages(_registry(downstream, approval=True), Redactor(b"k" * 32))
+    args = {"value": 1, "behaviour": "ok"}
+    first = uuid.uuid4().hex  # the first ask opens the request: its id derives from this
+    approval_id = "apr_" + hashlib.sha256(first.encode()).hexdigest()[:24]
+    target = governance.ApprovalTarget(approval_id, "t", "op", "a", args_digest(args))
+    grant, token = governance.approve(target, "olga", datetime.now(UTC))
+    records = {
+        "ask": lambda: _intent("a", args),
+        "grant": lambda: encode(grant),
+        "use": lambda: _intent("a", args, token),
+        "use_other_key": lambda: _intent("b", args, token),
+        "use_other_args": lambda: _intent("a", {**args, "value": 2}, token),
+        "off": lambda: _switch(False),
+        "on": lambda: _switch(True),
+    }
+    log = [_intent("a", args, intent_id=first)] + [records[step]() for step in steps]
+
+    async def scenario() -> MemoryStore:
+        store = MemoryStore(crash_at=crash_at)
+        for _ in range(3):
+            if await _run_until_done(log, store, stages):
+                break
+            store.crash_at = None
+        return store
+
+    store = asyncio.run(scenario())
+    assert downstream.effects["b"] == 0
+    assert downstream.effects["a"] <= 1
+    mine = [e for e in store.outcomes if e.call_key == str(CallKey("t", "op", "a"))]
+    types = [e.TYPE for e in mine]
+    started = [e for e in mine if e.TYPE == "ToolCallStarted"]
+    if started:
+        consumed = types.index("ApprovalConsumed")
+        assert consumed == types.index("ToolCallStarted") - 1, types  # one atomic commit
+        assert types.count("ApprovalConsumed") == 1, types
+        assert {e.envelope.args_digest for e in started} == {target.args_digest}
+    else:
+        assert downstream.effects["a"] == 0
+    assert grant.token_digest == token_digest(token)
+    answered = {e.intent_id for e in store.outcomes if answers_intent(e)}
+    assert {decode(record).intent_id for record in log} <= answered
