@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from schemas.keys import CallKey
 
 if TYPE_CHECKING:
     from producers.http.app import FrontDoor
+
+log = logging.getLogger("toolledger.http")
 
 OPERATOR = "operator"
 GLOBAL_OPERATOR = "operator:global"
@@ -155,6 +158,10 @@ async def precheck(
             suggested_action="Stop this run and hand the task over to a human.",
         )
     door.metrics.rejections.labels(tool, info.code).inc()
+    log.info(
+        "refused before append",
+        extra={"tenant": context.tenant_id, "tool": tool, "code": info.code, "run_id": run_id},
+    )
     return info
 
 

@@ -19,6 +19,8 @@ from processors.tools.manifest import (
     Tool,
     ToolContext,
     ToolDescription,
+    always,
+    never,
 )
 from processors.tools.registry import (
     TRUSTED_CONTEXT_FIELDS,
@@ -274,3 +276,35 @@ def test_helpdesk_argument_schemas_carry_constraints(helpdesk: ToolRegistry) -> 
 def test_all_manifests_serialise_together(helpdesk: ToolRegistry) -> None:
     listing = json.dumps([t.manifest() for t in helpdesk])
     assert [m["name"] for m in json.loads(listing)] == sorted(HELPDESK)
+
+
+# ------------------------------------------------------------------------------ approval rules
+
+
+@pytest.mark.parametrize(
+    ("effect", "risk", "rule", "amount", "needed", "shown"),
+    [
+        (EffectClass.MUTATION, RiskTier.LOW, None, 1, False, "none"),
+        (EffectClass.MUTATION, RiskTier.HIGH, None, 1, True, "required"),
+        (EffectClass.LONG_RUNNING, RiskTier.IRREVERSIBLE, None, 1, True, "required"),
+        (EffectClass.READ_ONLY, RiskTier.HIGH, None, 1, False, "none"),
+        (EffectClass.READ_ONLY, RiskTier.LOW, always, 1, False, "none"),
+        (EffectClass.MUTATION, RiskTier.HIGH, never, 1, False, "none"),
+        (EffectClass.MUTATION, RiskTier.LOW, always, 1, True, "required"),
+        # a policy with a limit: auto-approved up to 100, a human above
+        (EffectClass.MUTATION, RiskTier.LOW, lambda a: a.amount > 100, 100, False, "by arguments"),
+        (EffectClass.MUTATION, RiskTier.LOW, lambda a: a.amount > 100, 101, True, "by arguments"),
+    ],
+)
+def test_approval_rules(
+    effect: EffectClass, risk: RiskTier, rule: Any, amount: int, needed: bool, shown: str
+) -> None:
+    tool = make_tool(effect=effect, risk=risk, with_reconcile=True, approval=rule)
+    assert tool.needs_approval(Args(target="x", amount=amount)) is needed
+    assert tool.manifest()["approval"] == shown
+
+
+def test_the_default_impact_says_what_runs_and_whether_it_can_be_undone() -> None:
+    impact = make_tool(risk=RiskTier.IRREVERSIBLE, with_reconcile=True).impact(Args(target="x"))
+    assert impact.irreversible is True and "do_thing" in impact.summary
+    assert set(impact.to_json()) == {"summary", "target", "scope", "cost", "irreversible"}
