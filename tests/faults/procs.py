@@ -132,13 +132,21 @@ async def settle(
     result: CallResult,
     *,
     rounds: int = 10,
+    approval_token: str | None = None,
 ) -> CallResult:
     """Retry with the same key until the outcome is final: how a real agent resolves UNKNOWN."""
     for _ in range(rounds):
         if result.status in (CallStatus.SUCCEEDED, CallStatus.FAILED_FINAL):
             return result
         await asyncio.sleep(0.2)
-        result = await client.call(tool, arguments, idempotency_key=key, context=AGENT, wait=30)
+        result = await client.call(
+            tool,
+            arguments,
+            idempotency_key=key,
+            context=AGENT,
+            wait=30,
+            approval_token=approval_token,
+        )
     return result
 
 

@@ -7,11 +7,13 @@ import os
 import random
 import signal
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 
+from producers import governance
 from producers.client import CallResult, LedgerClient
-from schemas.events import ToolCallStarted, ToolCallSucceeded
+from schemas.events import ApprovalGranted, ApprovalRequested, ToolCallStarted, ToolCallSucceeded
 from schemas.status import CallStatus
 from tests.faults.procs import AGENT, ROOT, Cluster, read_outcomes, settle
 
@@ -147,3 +149,70 @@ async def test_broker_restart_mid_load_loses_nothing_and_doubles_nothing(
     statuses = await _assert_exactly_once(cluster, client, results)
     assert executor.process.poll() is None, "the executor must survive a broker restart"
     print(f"first answers around a broker restart: {dict(statuses)}")
+
+
+async def test_sigkill_during_approved_charges_never_uses_a_token_twice(
+    cluster: Cluster, client: LedgerClient
+) -> None:
+    """Approved charges race with the same tokens presented on other keys while the executor
+    is SIGKILLed: each approved charge happens once, a stolen token never charges anything,
+    and the approvals survive the takeovers (they live in the state topic)."""
+    rng = random.Random(7)
+    executor = cluster.spawn()
+    await executor.ready()
+    keys = [f"pay-{i:03d}" for i in range(400)]
+    charges: dict[str, dict[str, object]] = {
+        k: {"customer_id": f"cus_{i}", "amount_cents": 100 + i, "currency": "EUR"}
+        for i, k in enumerate(keys)
+    }
+
+    async def call(key: str, args: dict[str, object], token: str | None) -> CallResult:
+        return await client.call(
+            "charge_card", args, idempotency_key=key, context=AGENT, wait=40, approval_token=token
+        )
+
+    asked = await asyncio.gather(*(call(k, charges[k], None) for k in keys))
+    tokens: dict[str, str] = {}
+    for key, ask in zip(keys, asked, strict=True):
+        assert isinstance(ask.event, ApprovalRequested), ask
+        env = ask.event.envelope
+        target = governance.ApprovalTarget(
+            ask.event.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
+        )
+        record, tokens[key] = governance.approve(target, "olga", datetime.now(UTC))
+        assert isinstance(await client.command(record, wait=40), ApprovalGranted)
+
+    work = [(k, charges[k], tokens[k]) for k in keys]
+    work += [(f"steal-{k}", charges[k], tokens[k]) for k in keys]  # the token on another key
+    rng.shuffle(work)
+    async def everything() -> list[CallResult]:
+        return await asyncio.gather(*(call(k, a, t) for k, a, t in work))
+
+    load = asyncio.create_task(everything())
+    kills = 0
+    while not load.done() and kills < 2:
+        await asyncio.sleep(rng.uniform(0.05, 0.3))
+        if load.done():
+            break
+        executor.kill()
+        kills += 1
+        executor = cluster.spawn()
+        await executor.ready()
+    results = await load
+    assert kills >= 1, "the load finished before the first kill; make it longer"
+    for (key, args, token), result in zip(work, results, strict=True):
+        if not key.startswith("steal-"):
+            final = await settle(client, "charge_card", key, args, result, approval_token=token)
+            assert final.ok, (key, final)
+        elif result.status is not None:  # answered after a crash: ask again, same key
+            final = await settle(client, "charge_card", key, args, result, approval_token=token)
+            assert final.error is not None and final.error.code == "APPROVAL_INVALID"
+    store = cluster.store()
+    try:
+        effects = store.effect_counts()
+    finally:
+        store.close()
+    assert {k: effects.get(("acme", "charge_card", k)) for k in keys} == dict.fromkeys(keys, 1)
+    stolen = {k: n for (_, tool, k), n in effects.items() if k.startswith("steal-")}
+    assert stolen == {}, stolen
+    print(f"killed {kills} times")
