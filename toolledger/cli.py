@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
-from toolledger import logs
+from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
     DEFAULT_POSTGRES,
@@ -21,6 +21,23 @@ from toolledger.config import (
     redaction_secret,
 )
 from toolledger.mcp_wiring import register_mcp_command
+from toolledger.options import (
+    JWT_ALGORITHMS,
+    JWT_PRINCIPAL_CLAIM,
+    JWT_TENANT_CLAIM,
+    JwksOption,
+    JwtAlgorithmsOption,
+    JwtAudienceOption,
+    JwtIssuerOption,
+    JwtPrincipalClaimOption,
+    JwtScopesClaimOption,
+    JwtTenantClaimOption,
+    KafkaOption,
+    PartitionsOption,
+    PrefixOption,
+    ServeKafkaOption,
+    ServePostgresOption,
+)
 
 app = typer.Typer(
     help="toolledger: an execution ledger for AI agents' tool calls.",
@@ -60,11 +77,6 @@ def demo(data: DataOption = None) -> None:
         checks = asyncio.run(run_demo(workdir, console))
     print_result(console, checks)
     raise typer.Exit(1 if checks.failures else 0)
-
-
-KafkaOption = Annotated[str, typer.Option("--kafka", help="Kafka bootstrap servers.")]
-PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
-PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
 
 
 ApprovalRequestTtlOption = Annotated[
@@ -204,38 +216,17 @@ def serve(
     ),
     tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
     tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
-    kafka: Annotated[
-        str | None, typer.Option("--kafka", help="Distributed mode: Kafka bootstrap servers.")
-    ] = None,
-    postgres: Annotated[
-        str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
-    ] = None,
+    kafka: ServeKafkaOption = None,
+    postgres: ServePostgresOption = None,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
-    jwks: Annotated[
-        Path | None,
-        typer.Option(help="JWKS file (JSON): also accept JWT bearer tokens signed by its keys."),
-    ] = None,
-    jwt_issuer: Annotated[
-        str | None, typer.Option(help="The 'iss' JWTs must carry (required with --jwks).")
-    ] = None,
-    jwt_audience: Annotated[
-        list[str] | None,
-        typer.Option(help="An 'aud' JWTs may carry (required with --jwks; repeatable)."),
-    ] = None,
-    jwt_algorithms: Annotated[
-        str, typer.Option(help="Accepted JWT algorithms, comma-separated (asymmetric only).")
-    ] = "RS256,ES256",
-    jwt_tenant_claim: Annotated[
-        str, typer.Option(help="The JWT claim that names the tenant.")
-    ] = "tenant_id",
-    jwt_principal_claim: Annotated[
-        str, typer.Option(help="The JWT claim that names the principal.")
-    ] = "sub",
-    jwt_scopes_claim: Annotated[
-        str | None,
-        typer.Option(help="The JWT claim with the scopes (default: 'scope', else 'scopes')."),
-    ] = None,
+    jwks: JwksOption = None,
+    jwt_issuer: JwtIssuerOption = None,
+    jwt_audience: JwtAudienceOption = None,
+    jwt_algorithms: JwtAlgorithmsOption = JWT_ALGORITHMS,
+    jwt_tenant_claim: JwtTenantClaimOption = JWT_TENANT_CLAIM,
+    jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
+    jwt_scopes_claim: JwtScopesClaimOption = None,
     policy: Annotated[
         Path | None, typer.Option(help="Policy file (JSON): rate limits per tenant and tool.")
     ] = None,
@@ -253,7 +244,6 @@ def serve(
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.governance import RunBudget
-    from producers.http.jwt_auth import ClaimNames
     from schemas.topics import Topics
     from toolledger import serve as wiring
 
@@ -268,18 +258,16 @@ def serve(
         console.print("[red]distributed mode needs both --kafka and --postgres[/]")
         raise typer.Exit(2)
 
-    algorithms = [a.strip() for a in jwt_algorithms.split(",") if a.strip()]
-    claims = ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim)
-    audience = jwt_audience or None
-
-    security = wiring.Security(
+    security = options.security(
         token_store,
         jwks,
         jwt_issuer,
-        audience,
-        policy,
-        algorithms,
-        claims,
+        jwt_audience,
+        jwt_algorithms,
+        jwt_tenant_claim,
+        jwt_principal_claim,
+        jwt_scopes_claim,
+        policy=policy,
         approval_token_ttl=timedelta(seconds=approval_ttl_s),
         run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
     )

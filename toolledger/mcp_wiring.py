@@ -36,6 +36,24 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from toolledger import options
+from toolledger.options import (
+    JWT_ALGORITHMS,
+    JWT_PRINCIPAL_CLAIM,
+    JWT_TENANT_CLAIM,
+    JwksOption,
+    JwtAlgorithmsOption,
+    JwtAudienceOption,
+    JwtIssuerOption,
+    JwtPrincipalClaimOption,
+    JwtScopesClaimOption,
+    JwtTenantClaimOption,
+    PartitionsOption,
+    PrefixOption,
+    ServeKafkaOption,
+    ServePostgresOption,
+)
+
 if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
     from processors.tools.registry import ToolRegistry
     from producers.client import TrustedContext
@@ -167,49 +185,23 @@ def register_mcp_command(app: typer.Typer) -> None:
             float,
             typer.Option(min=0.0, max=60.0, help="Seconds a call waits for its outcome."),
         ] = 10.0,
-        kafka: Annotated[
-            str | None, typer.Option("--kafka", help="Distributed mode: Kafka bootstrap servers.")
-        ] = None,
-        postgres: Annotated[
-            str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
-        ] = None,
-        prefix: Annotated[str, typer.Option("--prefix", help="Topic name prefix.")] = (
-            "toolledger."
-        ),
-        partitions: Annotated[int, typer.Option("--partitions", help="Partitions per topic.")] = 4,
-        jwks: Annotated[
-            Path | None,
-            typer.Option(
-                help="HTTP: JWKS file (JSON): also accept JWT bearer tokens signed by its keys."
-            ),
-        ] = None,
-        jwt_issuer: Annotated[
-            str | None, typer.Option(help="The 'iss' JWTs must carry (required with --jwks).")
-        ] = None,
-        jwt_audience: Annotated[
-            list[str] | None,
-            typer.Option(help="An 'aud' JWTs may carry (required with --jwks; repeatable)."),
-        ] = None,
-        jwt_algorithms: Annotated[
-            str, typer.Option(help="Accepted JWT algorithms, comma-separated (asymmetric only).")
-        ] = "RS256,ES256",
-        jwt_tenant_claim: Annotated[
-            str, typer.Option(help="The JWT claim that names the tenant.")
-        ] = "tenant_id",
-        jwt_principal_claim: Annotated[
-            str, typer.Option(help="The JWT claim that names the principal.")
-        ] = "sub",
-        jwt_scopes_claim: Annotated[
-            str | None,
-            typer.Option(help="The JWT claim with the scopes (default: 'scope', else 'scopes')."),
-        ] = None,
+        kafka: ServeKafkaOption = None,
+        postgres: ServePostgresOption = None,
+        prefix: PrefixOption = "toolledger.",
+        partitions: PartitionsOption = 4,
+        jwks: JwksOption = None,
+        jwt_issuer: JwtIssuerOption = None,
+        jwt_audience: JwtAudienceOption = None,
+        jwt_algorithms: JwtAlgorithmsOption = JWT_ALGORITHMS,
+        jwt_tenant_claim: JwtTenantClaimOption = JWT_TENANT_CLAIM,
+        jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
+        jwt_scopes_claim: JwtScopesClaimOption = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
 
         from processors.runtime.sqlite_log import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
-        from producers.http.jwt_auth import ClaimNames
         from toolledger import serve as wiring
         from toolledger.config import ConfigError, load_tools
 
@@ -219,13 +211,15 @@ def register_mcp_command(app: typer.Typer) -> None:
         try:
             token_store = TokenStore.load(tokens)
             context = stdio_context(token_store, token) if transport is Transport.STDIO else None
-            security = wiring.Security(
+            security = options.security(
                 token_store,
                 jwks,
                 jwt_issuer,
-                jwt_audience or None,
-                jwt_algorithms=[a.strip() for a in jwt_algorithms.split(",") if a.strip()],
-                jwt_claims=ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim),
+                jwt_audience,
+                jwt_algorithms,
+                jwt_tenant_claim,
+                jwt_principal_claim,
+                jwt_scopes_claim,
             )
             # the JWKS file and the JWT settings, checked before any backend is opened
             wiring.authenticator(

@@ -4,9 +4,9 @@
 -- Only indexes and views over tool_calls and tool_call_events: applying an event writes
 -- nothing new, and a rebuild (toolledger replay) gives the views back by construction.
 -- projections/sqlite.py defines the same views for the embedded mode. The three fact views
--- below read the JSON payloads (PostgreSQL dialect), the views between the BEGIN and END
--- markers are written once for both databases in projections/governance.py
--- (PORTABLE_VIEWS_SQL, with now() for the clock): a test keeps the copy here equal to it.
+-- below read the JSON payloads (PostgreSQL dialect); the views between the BEGIN and END
+-- markers are the one text for both databases: projections/governance.py reads them from
+-- here for SQLite (PORTABLE_VIEWS_SQL, the clock now() becoming the dialect's).
 
 -- Approval and switch events are a small part of the audit trail: partial indexes find them.
 CREATE INDEX tool_call_events_by_approval
@@ -59,7 +59,7 @@ SELECT e.seq, e.tenant_id, e.tool_name, e.run_id, e.intent_id, e.event_type,
  CROSS JOIN LATERAL (SELECT e.payload_json::jsonb AS p) j
  WHERE e.event_type NOT IN ('ToolDisabled', 'ToolEnabled');
 
--- BEGIN portable views (projections/governance.py PORTABLE_VIEWS_SQL, {now} = now())
+-- BEGIN portable views (read by projections/governance.py: keep now() the only clock)
 -- One row per approval request. The first ApprovalRequested of an approval id (log order)
 -- defines the request, the latest grant, denial or consumption its state, a grant replaces
 -- the expiry with the token's. status: the state, or 'expired' once a pending or approved
