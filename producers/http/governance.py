@@ -277,6 +277,21 @@ def add_routes(
         )
         return _dumps({"items": [v.to_json() for v in page.items], "next_cursor": page.next_cursor})
 
+    @app.get("/v1/approval-requests/{approval_id}", responses=documented(200))
+    async def get_approval(approval_id: str, request: Request) -> Response:
+        context = operator(request)
+        if isinstance(context, Response):
+            return context
+        view = await door.queries.approval(
+            tenant_of(context), approval_id[:200], now=datetime.now(UTC)
+        )
+        if view is None:  # another tenant's request is not found, never forbidden
+            return not_found(
+                "No approval request with this id.",
+                "List them with GET /v1/approval-requests?status=pending.",
+            )
+        return _dumps(view.to_json())
+
     @app.post("/v1/approval-requests/{approval_id}/approve", responses=documented(200, 202))
     async def approve(approval_id: str, request: Request) -> Response:
         context = operator(request)

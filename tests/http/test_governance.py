@@ -85,6 +85,9 @@ async def test_428_shows_the_impact_then_the_approved_call_runs_once(
         {"status": "pending"},
     )
     assert listed.json()["next_cursor"] is None or isinstance(listed.json()["next_cursor"], str)
+    one = await client.get(f"/v1/approval-requests/{request['id']}", headers=OPERATOR.headers)
+    assert one.status_code == 200 and one.json()["status"] == "pending"
+    assert one.json()["requested_by"] == "alice" and one.json()["impact"] == request["impact"]
     approved = await _decide(client, request["id"], "approve")
     assert approved.status_code == 200, approved.text
     token = approved.json()["approval_token"]
@@ -186,6 +189,8 @@ async def test_approval_requests_are_tenant_scoped_and_not_self_approved(
     theirs = await post_call(client, "charge_card", CHARGE, key=key, headers=GLOBEX.headers)
     their_id = assert_problem(theirs, 428, "APPROVAL_REQUIRED")["approval_request"]["id"]
     assert_problem(await _decide(client, their_id, "approve"), 404, "NOT_FOUND")
+    theirs_read = await client.get(f"/v1/approval-requests/{their_id}", headers=OPERATOR.headers)
+    assert_problem(theirs_read, 404, "NOT_FOUND")
     mine = await post_call(client, "charge_card", CHARGE, key=key, headers=SELF_OP.headers)
     my_id = assert_problem(mine, 428, "APPROVAL_REQUIRED")["approval_request"]["id"]
     assert_problem(await _decide(client, my_id, "approve", SELF_OP), 403, "FORBIDDEN")
