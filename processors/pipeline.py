@@ -51,7 +51,6 @@ from processors.ledger.governance import (
     Switch,
     SwitchEvent,
     disabled_error,
-    token_digest,
 )
 from processors.telemetry import set_call_attributes, stage
 from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
@@ -246,6 +245,14 @@ class Stages:
             ctx = admitted.context
             set_call_attributes(run.span, ctx)
             if not admitted.tool.keyed:
+                disabled = _switched_off(run, ctx)
+                if disabled is not None:  # nothing to replay for a read: refused outright
+                    refused = ToolCallRejected(
+                        envelope=ctx.envelope(f"{ctx.intent_id}/rejected/1", env.occurred_at),
+                        error=disabled,
+                    )
+                    await run.commit([refused], final=True)
+                    return
                 await run.commit([await self._run_read_only(admitted)], final=True)
                 return
             decision = tracing.traced_decide(
@@ -273,28 +280,30 @@ class Stages:
             needs_approval = True
         if not needs_approval:
             return Gate(disabled=disabled)
-        token = intent.approval_token
         return Gate(
             disabled=disabled,
             approval=ApprovalGate(
                 book=port.approvals(ctx.call_key),
-                token_digest=token_digest(token) if token else None,
+                # the client sends the token's digest: the raw token is never in the log
+                token_digest=intent.approval_token,
+                executor_now=self.clock.now(),
                 new_approval_id="apr_" + hashlib.sha256(ctx.intent_id.encode()).hexdigest()[:24],
-                impact_json=canonical_json(self._impact(tool, admitted.arguments).to_json()),
+                impact_json=self._impact_json(tool, admitted.arguments),
                 request_ttl=self.approval_request_ttl,
             ),
         )
 
     @staticmethod
-    def _impact(tool: Tool, arguments: BaseModel) -> Impact:
+    def _impact_json(tool: Tool, arguments: BaseModel) -> str:
         try:
-            return tool.impact(arguments)
-        except Exception:
+            return canonical_json(tool.impact(arguments).to_json())
+        except Exception:  # a tool's bug must not stop the partition: a safe description
             log.exception("describe_impact failed", extra={"tool": tool.name})
-            return Impact(
+            fallback = Impact(
                 summary=f"Run {tool.name}; its impact description failed, check the arguments.",
                 irreversible=True,
             )
+            return canonical_json(fallback.to_json())
 
     async def run_approval_decision(
         self, decision: ApprovalGranted | ApprovalDenied, port: CallPort

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from processors.ledger.governance import token_digest
 from producers.outcomes import OutcomeHub
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
@@ -197,7 +198,8 @@ class LedgerClient:
             ),
             arguments_json=arguments_json,
             scopes=sorted(context.scopes),
-            approval_token=approval_token,
+            # only the token's digest travels: the raw token is in no log, not even this one
+            approval_token=token_digest(approval_token) if approval_token else None,
         )
         hub = self._transport.outcomes
         future = hub.expect(intent_id)

@@ -276,7 +276,7 @@ def run_usage_sql(d: Dialect, tenant_id: str, run_id: str, tool: str) -> tuple[s
         f"FROM tool_call_events WHERE tenant_id = {m} AND run_id = {m} "
         "AND event_type = 'ToolCallStarted') a LEFT JOIN (SELECT fingerprint, count(*) AS repeats "
         f"FROM call_event_facts WHERE tenant_id = {m} AND run_id = {m} AND tool_name = {m} "
-        "AND event_type = 'ToolCallFailed' GROUP BY fingerprint "
+        "AND event_type = 'ToolCallFailed' AND disposition <> 'RETRY' GROUP BY fingerprint "
         f"ORDER BY count(*) DESC, fingerprint{d.collate} LIMIT 1) f ON 1 = 1",
         [tenant_id, run_id, tenant_id, run_id, tool],
     )

@@ -355,8 +355,10 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class RunUsage:
     """What a run has used so far: ``attempts``, its ``ToolCallStarted`` events (all tools),
-    and ``repeats``, the most ``ToolCallFailed`` events of one tool sharing one
-    ``fingerprint`` (ties: the smallest fingerprint; none: 0 and ``None``)."""
+    and ``repeats``, the most failures of one tool sharing one ``fingerprint`` that ended a
+    round (``ToolCallFailed`` with disposition RETRYABLE or FINAL: a failure the executor
+    retried within the round and that then recovered does not count; ties: the smallest
+    fingerprint; none: 0 and ``None``)."""
 
     attempts: int
     repeats: int

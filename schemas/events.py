@@ -83,7 +83,7 @@ class ToolCallRequested(Event):
     TYPE: ClassVar[str] = "ToolCallRequested"
     arguments_json: str
     scopes: list[str] = Field(default_factory=list)
-    approval_token: str | None = None
+    approval_token: str | None = None  # the SHA-256 of the token (token_digest), never the token
 
 
 class ToolCallStarted(Event):

@@ -80,7 +80,7 @@ def demo(data: DataOption = None) -> None:
 
 
 ApprovalRequestTtlOption = Annotated[
-    float, typer.Option(help="How long an approval request stays open, in seconds.")
+    float, typer.Option(min=1.0, help="How long an approval request stays open, in seconds.")
 ]
 
 
@@ -231,14 +231,20 @@ def serve(
         Path | None, typer.Option(help="Policy file (JSON): rate limits per tenant and tool.")
     ] = None,
     approval_ttl_s: Annotated[
-        float, typer.Option(help="How long an approval token is valid, in seconds.")
+        float, typer.Option(min=1.0, help="How long an approval token is valid, in seconds.")
     ] = 600.0,
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     run_max_attempts: Annotated[
-        int, typer.Option(help="Handler attempts a run may use over all its calls (0: no budget).")
+        int,
+        typer.Option(
+            min=0, help="Handler attempts a run may use over all its calls (0: no budget)."
+        ),
     ] = 100,
     run_max_repeats: Annotated[
-        int, typer.Option(help="Repeats of one failure of a tool before a run's calls of it stop.")
+        int,
+        typer.Option(
+            min=1, help="Repeats of one failure of a tool before a run's calls of it stop."
+        ),
     ] = 3,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""

@@ -29,6 +29,7 @@ class ApprovalGate:
     new_approval_id: str  # for a request this intent would open (derived from its id)
     impact_json: str
     request_ttl: timedelta
+    executor_now: datetime | None = None  # a token expires by the later of both clocks
 
 
 @dataclass(frozen=True, slots=True)

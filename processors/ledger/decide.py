@@ -398,17 +398,15 @@ def _check_approval(
         if latest is not None and latest.status in open_ and now < latest.expires_at:
             # asked again: the same request answers (approved: the token is with the operator)
             approval_id, expires_at = latest.approval_id, latest.expires_at
-            redacted, impact = latest.arguments_redacted_json, latest.impact_json
         else:
             approval_id, expires_at = gate.new_approval_id, now + gate.request_ttl
-            impact = gate.impact_json
         return Decision(
             (
                 ApprovalRequested(
                     envelope=ctx.envelope(_eid(ctx, "approval-requested"), now),
                     approval_id=approval_id,
-                    arguments_redacted_json=redacted,
-                    impact_json=impact,
+                    arguments_redacted_json=redacted,  # same digest: same arguments
+                    impact_json=gate.impact_json,
                     expires_at=expires_at,
                 ),
             )
@@ -422,7 +420,7 @@ def _check_approval(
         return _approval_invalid(ctx, now, f"The approval token was {approval.status.value}.")
     if approval.args_digest != ctx.args_digest:
         return _approval_invalid(ctx, now, "The approval token was issued for other arguments.")
-    if now >= approval.expires_at:
+    if max(now, gate.executor_now or now) >= approval.expires_at:
         return _approval_invalid(
             ctx, now, f"The approval token expired at {approval.expires_at.isoformat()}."
         )

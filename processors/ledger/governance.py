@@ -43,14 +43,18 @@ class Approval(BaseModel):
     args_digest: str
     status: ApprovalStatus
     expires_at: datetime  # the request's expiry; once approved, the token's
-    arguments_redacted_json: str
-    impact_json: str
     token_digest: str | None = None
     reason: str | None = None
 
 
+MAX_OPEN_REQUESTS = 16  # per call key: a caller asking with ever new arguments is bounded
+
+
 class ApprovalBook(BaseModel):
-    """Every approval request made for one call key, oldest first."""
+    """The approval requests made for one call key, oldest first: what decisions need (ids,
+    digests, states, expiries), never arguments, so a book stays small. At most
+    ``MAX_OPEN_REQUESTS`` pending ones are kept; a request past its expiry is dropped when
+    the next one is opened (it can no longer be decided)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -88,10 +92,20 @@ def evolve_approvals(book: ApprovalBook | None, event: Event) -> ApprovalBook | 
             args_digest=event.envelope.args_digest,
             status=ApprovalStatus.PENDING,
             expires_at=event.expires_at,
-            arguments_redacted_json=event.arguments_redacted_json,
-            impact_json=event.impact_json,
         )
-        return ApprovalBook(items=(*book.items, approval))
+        now = event.envelope.occurred_at
+        kept = [
+            a
+            for a in book.items
+            if not (
+                a.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)
+                and a.expires_at <= now
+            )
+        ]
+        pending = [a for a in kept if a.status is ApprovalStatus.PENDING]
+        for oldest in pending[: max(0, len(pending) - MAX_OPEN_REQUESTS + 1)]:
+            kept.remove(oldest)
+        return ApprovalBook(items=(*kept, approval))
     if isinstance(event, ApprovalGranted):
         return book._with(
             event.approval_id,

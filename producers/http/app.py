@@ -47,6 +47,12 @@ from schemas.status import CallStatus
 log = logging.getLogger("toolledger.http")
 
 MAX_BODY_BYTES = (1 << 20) + (64 << 10)  # the 1 MiB argument limit plus room for the envelope
+# refusals a caller may retry after a while: when (seconds)
+RETRY_AFTER: dict[str, str] = {
+    ErrorCode.IDEMPOTENCY_KEY_IN_USE: "1",
+    ErrorCode.RATE_LIMITED: "1",
+    ErrorCode.TOOL_DISABLED: "60",
+}
 CALL_ID = re.compile(r"call_[0-9a-f]{32}")  # CallKey.call_id: anything else is not a call
 
 
@@ -345,14 +351,19 @@ def create_app(door: FrontDoor) -> FastAPI:
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
                     f"{tool} changes something: send an Idempotency-Key header.",
                 )
+        missing = sorted(set(info.manifest.get("scopes", ())) - context.scopes)
+        if missing:  # before the limits and pre-checks, which would tell it more
+            door.metrics.rejections.labels(tool, ErrorCode.FORBIDDEN.value).inc()
+            message = f"{tool} needs the scope(s) {missing}, which this caller lacks."
+            return error_response(ErrorCode.FORBIDDEN, message)
         if door.limiter is not None:
             refusal = door.limiter.acquire(context.tenant_id, tool)
             if refusal is not None:  # nothing appended: the key stays unused
                 return _rate_limited(door, context, tool, refusal)
         refused = await governance.precheck(door, context, tool, key, body.run_id)
         if refused is not None:
-            retry = {"Retry-After": "60"} if refused.code == ErrorCode.TOOL_DISABLED else None
-            return problem_response(problem(refused), retry)
+            after = RETRY_AFTER.get(refused.code)
+            return problem_response(problem(refused), {"Retry-After": after} if after else None)
         wait = wait_seconds(request.headers.getlist("prefer"))
         result = await door.client.call(
             tool,
@@ -487,11 +498,11 @@ async def _answer(
     call_id = CallKey(context.tenant_id, tool, key or "").call_id
     if result.rejected:
         assert result.error is not None
-        retry = result.error.code in (ErrorCode.IDEMPOTENCY_KEY_IN_USE, ErrorCode.RATE_LIMITED)
+        retry_after = RETRY_AFTER.get(result.error.code)
         body = problem(result.error, errors=list(result.field_errors))
         if isinstance(result.event, ApprovalRequested):
             body.approval_request = await governance.approval_request(door, result.event)
-        return problem_response(body, {"Retry-After": "1"} if retry else None)
+        return problem_response(body, {"Retry-After": retry_after} if retry_after else None)
     if result.status is CallStatus.PENDING:
         if result.error is not None and result.error.code == ErrorCode.INTERNAL:
             return problem_response(problem(result.error), {"Retry-After": "1"})

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from producers.client import TrustedContext
 
@@ -86,6 +86,13 @@ class TokenEntry(BaseModel):
     tenant: str = Field(min_length=1, max_length=128)
     principal: str = Field(min_length=1, max_length=256)
     scopes: list[str] = Field(default_factory=lambda: ["tools:call"])
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_every_tenant(cls, tenant: str) -> str:
+        if tenant == "*":  # in kill switches "*" stands for every tenant
+            raise ValueError("'*' is reserved: it means every tenant")
+        return tenant
 
 
 class TokensFile(BaseModel):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -51,6 +52,7 @@ from schemas.events import (
     ToolEnabled,
 )
 from schemas.keys import CallKey
+from schemas.status import CallStatus
 
 if TYPE_CHECKING:
     from producers.http.app import FrontDoor
@@ -62,6 +64,7 @@ GLOBAL_OPERATOR = "operator:global"
 MAX_OPERATOR_BODY = 16 << 10
 SWITCH_CACHE_S = 1.0
 PROJECTION_WAIT_S = 10.0
+APPROVAL_ID = re.compile(r"apr_[0-9a-f]{24}")
 
 Authenticate = Callable[[Request], TrustedContext | Response]
 
@@ -143,10 +146,13 @@ async def precheck(
             )
     if switch is None and over is None:
         return None
-    if key and await door.queries.get(
-        context.tenant_id, CallKey(context.tenant_id, tool, key).call_id
-    ):
-        return None
+    known = None
+    if key:
+        known = await door.queries.get(
+            context.tenant_id, CallKey(context.tenant_id, tool, key).call_id
+        )
+    if known is not None and (known.status.is_final or known.status is CallStatus.PENDING):
+        return None  # answered from the ledger (or "in progress"): nothing new runs
     if switch is not None:
         info = disabled_error(switch.tenant_id == ANY, switch.tool == ANY, tool, switch.reason)
     else:
@@ -229,10 +235,13 @@ def add_routes(
         except ValidationError as exc:
             return validation_failed("The body is invalid:", field_errors(exc.errors()))
 
+    async def find(context: TrustedContext, approval_id: str) -> ApprovalView | None:
+        if not APPROVAL_ID.fullmatch(approval_id):  # anything else was never handed out
+            return None
+        return await door.queries.approval(tenant_of(context), approval_id, now=datetime.now(UTC))
+
     async def pending(context: TrustedContext, approval_id: str) -> ApprovalView | Response:
-        view = await door.queries.approval(
-            tenant_of(context), approval_id[:200], now=datetime.now(UTC)
-        )
+        view = await find(context, approval_id)
         if view is None:  # another tenant's request is not found, never forbidden
             return not_found(
                 "No approval request with this id.",
@@ -282,9 +291,7 @@ def add_routes(
         context = operator(request)
         if isinstance(context, Response):
             return context
-        view = await door.queries.approval(
-            tenant_of(context), approval_id[:200], now=datetime.now(UTC)
-        )
+        view = await find(context, approval_id)
         if view is None:  # another tenant's request is not found, never forbidden
             return not_found(
                 "No approval request with this id.",
@@ -300,7 +307,7 @@ def add_routes(
         view = await pending(context, approval_id)
         if isinstance(view, Response):
             return view
-        if view.requested_by == context.principal:
+        if (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal):
             return _forbidden("An approval request cannot be approved by the caller who made it.")
         record, token = governance.approve(
             target(view), context.principal, datetime.now(UTC), door.approval_token_ttl
@@ -375,13 +382,20 @@ def add_routes(
         assert isinstance(parsed, SwitchBody)
         if parsed.scope == "global" and GLOBAL_OPERATOR not in context.scopes:
             return _forbidden("Switching a tool off for every tenant needs 'operator:global'.")
+        target = "*" if parsed.scope == "global" else context.tenant_id
+        # the latest change wins by time: never stamp one before the change it follows, even
+        # when this front door's clock is behind the one that made that change
+        now = datetime.now(UTC)
+        for seen in await door.queries.switches(context.tenant_id):
+            if (seen.tenant_id, seen.tool) == (target, tool):
+                now = max(now, seen.changed_at + timedelta(microseconds=1))
         record = governance.switch(
-            tenant_id="*" if parsed.scope == "global" else context.tenant_id,
+            tenant_id=target,
             tool=tool,
             enabled=parsed.enabled,
             actor=context.principal,
             reason=parsed.reason,
-            now=datetime.now(UTC),
+            now=now,
         )
         answer = await _command(door, record, broadcast=True)
         if isinstance(answer, Response):
@@ -412,10 +426,10 @@ def add_routes(
         context = authenticate(request)
         if isinstance(context, Response):
             return context
-        is_operator = OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes
-        if tenant is not None and tenant != context.tenant_id and not is_operator:
-            return _forbidden("Only operators read other tenants' metrics.")
-        scope = tenant if tenant is not None else (None if is_operator else context.tenant_id)
+        every_tenant = GLOBAL_OPERATOR in context.scopes
+        if tenant is not None and tenant != context.tenant_id and not every_tenant:
+            return _forbidden("Only 'operator:global' reads other tenants' metrics.")
+        scope = tenant if tenant is not None else (None if every_tenant else context.tenant_id)
         return _dumps((await door.queries.stats(scope)).to_json())
 
 

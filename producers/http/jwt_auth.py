@@ -313,7 +313,7 @@ class JwtAuthenticator:
         tenant = claims.get(names.tenant)
         if tenant is None:
             return _failure("missing_tenant", f"The JWT has no {names.tenant!r} claim (tenant).")
-        if not _text(tenant, MAX_TENANT):
+        if not _text(tenant, MAX_TENANT) or tenant == "*":  # "*": every tenant, in switches
             return _failure("bad_claim", f"The JWT's {names.tenant!r} claim is not a tenant id.")
         principal = claims.get(names.principal)
         if principal is None:

@@ -265,8 +265,19 @@ async def test_a_run_that_repeats_one_failure_is_stopped(
 ) -> None:
     run = f"run-{uuid.uuid4().hex[:8]}"
     failing = {"payload": "p", "fault": "retryable_always"}
-    first = await post_call(client, "flaky_write", failing, key=key, run_id=run, wait=30)
-    assert first.status_code in (503, 502, 200), first.text  # failed retryably, 3 attempts
+    done = await post_call(client, "flaky_write", {"payload": "ok"}, key=key + "-ok", run_id=run)
+    assert_call(done, "SUCCEEDED", replayed=False)
+    # a transient failure that recovered is not a repeat: the run goes on
+    blip = {"payload": "p", "fault": "transient_once"}
+    for n in range(3):
+        healed = await post_call(client, "flaky_write", blip, key=f"{key}-t{n}", run_id=run)
+        assert_call(healed, "SUCCEEDED", replayed=False)
+    for n in range(3):  # three rounds ending in the same failure (3 attempts each)
+        failed = await post_call(
+            client, "flaky_write", failing, key=f"{key}-{n}", run_id=run, wait=30
+        )
+        assert failed.status_code == 200, failed.text
+        assert failed.json()["status"] == "FAILED_RETRYABLE"
     deadline = time.monotonic() + 30
     while True:  # the budget reads the projection: wait until it has the failures
         stopped = await post_call(client, "flaky_write", failing, key=key + "-b", run_id=run)
@@ -276,9 +287,16 @@ async def test_a_run_that_repeats_one_failure_is_stopped(
         await asyncio.sleep(0.2)
     problem = assert_problem(stopped, 422, "RETRY_LIMIT_EXCEEDED")
     assert "human" in problem["suggested_action"] and problem["retryable"] is False
-    # the same call with a key the ledger knows is answered, not refused
-    replay = await post_call(client, "flaky_write", failing, key=key, run_id=run)
-    assert replay.status_code != 422
+    assert server.effects_with_key(key + "-b") == 0
+    # retrying a failed key of the run is a new round: refused too
+    assert_problem(
+        await post_call(client, "flaky_write", failing, key=f"{key}-0", run_id=run),
+        422,
+        "RETRY_LIMIT_EXCEEDED",
+    )
+    # a finished call of the run is still answered from the ledger
+    replay = await post_call(client, "flaky_write", {"payload": "ok"}, key=key + "-ok", run_id=run)
+    assert_call(replay, "SUCCEEDED", replayed=True)
     # another tool in the run, and the same tool in another run, are not affected
     ticket = await post_call(client, "create_ticket", {"title": "x"}, key=key, run_id=run)
     assert_call(ticket, "SUCCEEDED", replayed=False)
@@ -288,7 +306,7 @@ async def test_a_run_that_repeats_one_failure_is_stopped(
     assert_call(other, "SUCCEEDED", replayed=False)
 
 
-async def test_stats_are_per_tenant_and_all_tenants_for_operators(
+async def test_stats_are_per_tenant_and_all_tenants_for_platform_operators(
     server: Server, client: httpx.AsyncClient, key: str
 ) -> None:
     assert_call(
@@ -296,9 +314,13 @@ async def test_stats_are_per_tenant_and_all_tenants_for_operators(
         "SUCCEEDED",
         replayed=False,
     )
-    mine = await _poll(client, "/v1/stats", SELF_OP, lambda r: r.json()["totals"]["calls"] > 0)
-    body = mine.json()
-    assert body["tenant_id"] is None  # an operator reads every tenant
+    every = await _poll(client, "/v1/stats", PLATFORM_OP, lambda r: r.json()["totals"]["calls"] > 0)
+    body = every.json()
+    assert body["tenant_id"] is None  # a platform operator reads every tenant
+    own_op = (await client.get("/v1/stats", headers=OPERATOR.headers)).json()
+    assert own_op["tenant_id"] == "acme"  # a tenant's operator, its own tenant only
+    other_op = await client.get("/v1/stats", params={"tenant": "globex"}, headers=OPERATOR.headers)
+    assert_problem(other_op, 403, "FORBIDDEN")
     totals = body["totals"]
     for name in (
         "success_rate", "validation_failure_rate", "calls_per_run", "duplicate_rate",

@@ -334,3 +334,25 @@ def test_switches_stamp_one_event_per_partition_and_fold_latest_wins() -> None:
     switches[switch_key("acme", ANY)] = switch_of(_switch("acme", ANY, False, 5, "s6"))
     assert disabled_by(switches, "acme", "create_ticket") is not None
     assert disabled_by(switches, "globex", "create_ticket") is None
+
+
+def test_an_approval_book_stays_small_whatever_the_caller_asks() -> None:
+    from processors.ledger.governance import MAX_OPEN_REQUESTS
+
+    history: ApprovalBook | None = book(requested(), granted())
+    for n in range(40):  # a caller asking with ever new arguments
+        ask = ApprovalRequested(
+            envelope=ctx(f"x{n}", f"sha256:{n:064x}").envelope(f"x{n}/approval-requested/1", T0),
+            approval_id=f"apr_{n}",
+            arguments_redacted_json="{}",
+            impact_json="{}",
+            expires_at=T0 + timedelta(hours=1),
+        )
+        history = evolve_approvals(history, ask)
+    assert history is not None
+    pending = [a for a in history.items if a.status is ApprovalStatus.PENDING]
+    assert len(pending) == MAX_OPEN_REQUESTS and pending[-1].approval_id == "apr_39"
+    assert history.by_token(token_digest(TOKEN)) is not None  # the approved one is kept
+    later = requested(at=T0 + timedelta(hours=2)).model_copy(update={"approval_id": "apr_late"})
+    after = evolve_approvals(history, later)  # past every expiry: only the new one is open
+    assert after is not None and [a.approval_id for a in after.items] == ["apr_late"]

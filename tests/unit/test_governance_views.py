@@ -740,8 +740,10 @@ async def check_run_usage(calls: CallQueries, advance: Advance) -> Any:
     assert await calls.run_usage("acme", "r9", SEND) == RunUsage(0, 0, None)
     await advance()
     cases = {
-        ("acme", "r9", SEND): RunUsage(7, 2, "fp-a"),  # fp-a and fp-b tie: the smaller
-        ("acme", "r9", CHARGE): RunUsage(7, 3, "fp-z"),
+        # only failures that ended a round count: fp-b (a's 3rd attempt) and fp-a (b) tie,
+        # the smaller wins; c's three failures are one failed round
+        ("acme", "r9", SEND): RunUsage(7, 1, "fp-a"),
+        ("acme", "r9", CHARGE): RunUsage(7, 1, "fp-z"),
         ("acme", "r9", "other_tool"): RunUsage(7, 0, None),
         ("acme", "r10", SEND): RunUsage(1, 0, None),
         ("globex", "r9", SEND): RunUsage(1, 1, "fp-a"),
