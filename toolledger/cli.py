@@ -159,12 +159,16 @@ def projector(
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
     ready_file: Annotated[str | None, typer.Option(help="Touched once started.")] = None,
+    batch_max: Annotated[
+        int, typer.Option(min=1, help="Most outcome records applied in one transaction.")
+    ] = 2000,
 ) -> None:
     """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
     from schemas.topics import Topics
     from toolledger.distributed import run_projector
 
-    asyncio.run(run_projector(kafka, postgres, Topics(prefix, partitions), ready_file=ready_file))
+    topics = Topics(prefix, partitions)
+    asyncio.run(run_projector(kafka, postgres, topics, ready_file=ready_file, batch_max=batch_max))
 
 
 @app.command()

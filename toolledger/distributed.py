@@ -59,7 +59,7 @@ async def run_executor(
 
 
 async def run_projector(
-    bootstrap: str, postgres: str, topics: Topics, *, ready_file: str | None
+    bootstrap: str, postgres: str, topics: Topics, *, ready_file: str | None, batch_max: int = 2000
 ) -> None:
     from projections.postgres import PostgresProjection, migrate
     from projections.projector import KafkaProjector
@@ -67,7 +67,7 @@ async def run_projector(
     await ensure_topics(bootstrap, topics)
     await migrate(postgres)
     async with PostgresProjection(postgres) as projection:
-        projector = KafkaProjector(bootstrap, topics, projection)
+        projector = KafkaProjector(bootstrap, topics, projection, batch_max=batch_max)
         await projector.start()
         log.info("projector started", extra={"group": projector.name})
         if ready_file:

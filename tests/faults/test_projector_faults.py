@@ -36,6 +36,8 @@ def _spawn_projector(cluster: Cluster, dsn: str, n: int) -> subprocess.Popen[byt
         cluster.topics.prefix,
         "--partitions",
         str(cluster.topics.partitions),
+        "--batch-max",  # small transactions: a kill lands mid-way even on a fast machine
+        "100",
     ]
     with open(cluster.workdir / f"projector-{n}.log", "wb") as log:
         return subprocess.Popen(
@@ -74,7 +76,7 @@ async def test_sigkilled_projector_resumes_without_gaps_or_duplicates(
     for n in range(6):
         projector = _spawn_projector(cluster, live_dsn, n)
         while projector.poll() is None and _applied(live_dsn) < total:
-            await asyncio.sleep(rng.uniform(0.05, 0.3))
+            await asyncio.sleep(rng.uniform(0.01, 0.1))
             applied = _applied(live_dsn)
             if 0 < applied < total and kills < 3:
                 projector.kill()  # SIGKILL, wherever it is
