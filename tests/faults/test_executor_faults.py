@@ -185,6 +185,7 @@ async def test_sigkill_during_approved_charges_never_uses_a_token_twice(
     work = [(k, charges[k], tokens[k]) for k in keys]
     work += [(f"steal-{k}", charges[k], tokens[k]) for k in keys]  # the token on another key
     rng.shuffle(work)
+
     async def everything() -> list[CallResult]:
         return await asyncio.gather(*(call(k, a, t) for k, a, t in work))
 
