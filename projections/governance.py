@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
@@ -289,3 +290,50 @@ def run_usage_of(rows: Sequence[Mapping[str, Any]]) -> RunUsage:
         repeats=int(row["repeats"] or 0),
         fingerprint=row["fingerprint"],
     )
+
+
+Query = tuple[str, Sequence[Any]]
+
+
+class GovernanceReads(ABC):
+    """The governance half of :class:`schemas.calls.CallQueries`, written once: an adapter
+    gives its dialect and how it runs queries (several in one snapshot)."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    async def _read(self, *queries: Query) -> list[list[dict[str, Any]]]:
+        """The rows of each query, all read from one snapshot of the projection."""
+
+    async def approval(
+        self, tenant_id: str | None, approval_id: str, *, now: datetime
+    ) -> ApprovalView | None:
+        (rows,) = await self._read(approval_sql(self.dialect, tenant_id, approval_id, now))
+        return approval_of(rows[0]) if rows else None
+
+    async def approvals(
+        self,
+        tenant_id: str | None,
+        *,
+        status: str | None,
+        now: datetime,
+        limit: int,
+        after: str | None,
+    ) -> ApprovalPage:
+        query = approvals_sql(self.dialect, tenant_id, status, now, limit, after)
+        (rows,) = await self._read(query)
+        return approval_page_of(rows, limit)
+
+    async def switches(self, tenant_id: str) -> list[SwitchView]:
+        (rows,) = await self._read(switches_sql(self.dialect, tenant_id))
+        return [switch_of(r) for r in rows]
+
+    async def stats(self, tenant_id: str | None) -> Stats:
+        tools, tenants = await self._read(
+            tool_stats_sql(self.dialect, tenant_id), tenant_stats_sql(self.dialect, tenant_id)
+        )
+        return stats_of(tenant_id, tools, tenants)
+
+    async def run_usage(self, tenant_id: str, run_id: str, tool: str) -> RunUsage:
+        (rows,) = await self._read(run_usage_sql(self.dialect, tenant_id, run_id, tool))
+        return run_usage_of(rows)

@@ -23,7 +23,6 @@ import logging
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from hashlib import sha256
 from typing import Any, Final
 
@@ -43,14 +42,9 @@ from projections.rows import (
     fold_new_events,
 )
 from schemas.calls import (
-    ApprovalPage,
-    ApprovalView,
     CallFilter,
     CallView,
     Page,
-    RunUsage,
-    Stats,
-    SwitchView,
 )
 from schemas.events import Event
 
@@ -554,8 +548,10 @@ class PostgresProjection:
             return await cur.fetchall()
 
 
-class PostgresCalls:
+class PostgresCalls(governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the PostgreSQL projection."""
+
+    dialect = governance.POSTGRES
 
     def __init__(self, projection: PostgresProjection) -> None:
         self._projection = projection
@@ -568,7 +564,7 @@ class PostgresCalls:
             await cur.execute(query.encode(), params)
             return await cur.fetchall()
 
-    async def _fetch_each(self, *queries: tuple[str, Sequence[Any]]) -> list[list[dict[str, Any]]]:
+    async def _read(self, *queries: governance.Query) -> list[list[dict[str, Any]]]:
         """Several reads in one transaction: one snapshot of the projection."""
         async with (
             self._projection._transaction("read calls") as conn,
@@ -596,42 +592,6 @@ class PostgresCalls:
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(search.applied_sql("%s"), (event_id,)))
-
-    async def approval(
-        self, tenant_id: str | None, approval_id: str, *, now: datetime
-    ) -> ApprovalView | None:
-        query, params = governance.approval_sql(governance.POSTGRES, tenant_id, approval_id, now)
-        rows = await self._fetch(query, params)
-        return governance.approval_of(rows[0]) if rows else None
-
-    async def approvals(
-        self,
-        tenant_id: str | None,
-        *,
-        status: str | None,
-        now: datetime,
-        limit: int,
-        after: str | None,
-    ) -> ApprovalPage:
-        query, params = governance.approvals_sql(
-            governance.POSTGRES, tenant_id, status, now, limit, after
-        )
-        return governance.approval_page_of(await self._fetch(query, params), limit)
-
-    async def switches(self, tenant_id: str) -> list[SwitchView]:
-        query, params = governance.switches_sql(governance.POSTGRES, tenant_id)
-        return [governance.switch_of(r) for r in await self._fetch(query, params)]
-
-    async def stats(self, tenant_id: str | None) -> Stats:
-        tools, tenants = await self._fetch_each(
-            governance.tool_stats_sql(governance.POSTGRES, tenant_id),
-            governance.tenant_stats_sql(governance.POSTGRES, tenant_id),
-        )
-        return governance.stats_of(tenant_id, tools, tenants)
-
-    async def run_usage(self, tenant_id: str, run_id: str, tool: str) -> RunUsage:
-        query, params = governance.run_usage_sql(governance.POSTGRES, tenant_id, run_id, tool)
-        return governance.run_usage_of(await self._fetch(query, params))
 
 
 def _text(value: Any) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from processors.ledger import CallState
@@ -18,14 +17,9 @@ from projections.rows import (
     fold_new_events,
 )
 from schemas.calls import (
-    ApprovalPage,
-    ApprovalView,
     CallFilter,
     CallView,
     Page,
-    RunUsage,
-    Stats,
-    SwitchView,
 )
 from schemas.events import Event
 
@@ -210,11 +204,17 @@ def _sqlite(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-class SqliteCalls:
+class SqliteCalls(governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the embedded projection."""
+
+    dialect = governance.SQLITE
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+
+    async def _read(self, *queries: governance.Query) -> list[list[dict[str, Any]]]:
+        # no await between them: nothing is written in between, one snapshot
+        return [self._rows(sql, params) for sql, params in queries]
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         cursor = self._conn.execute(sql, params)
@@ -237,37 +237,3 @@ class SqliteCalls:
 
     async def applied(self, event_id: str) -> bool:
         return self._conn.execute(search.applied_sql("?"), (event_id,)).fetchone() is not None
-
-    async def approval(
-        self, tenant_id: str | None, approval_id: str, *, now: datetime
-    ) -> ApprovalView | None:
-        sql, params = governance.approval_sql(governance.SQLITE, tenant_id, approval_id, now)
-        rows = self._rows(sql, params)
-        return governance.approval_of(rows[0]) if rows else None
-
-    async def approvals(
-        self,
-        tenant_id: str | None,
-        *,
-        status: str | None,
-        now: datetime,
-        limit: int,
-        after: str | None,
-    ) -> ApprovalPage:
-        sql, params = governance.approvals_sql(
-            governance.SQLITE, tenant_id, status, now, limit, after
-        )
-        return governance.approval_page_of(self._rows(sql, params), limit)
-
-    async def switches(self, tenant_id: str) -> list[SwitchView]:
-        sql, params = governance.switches_sql(governance.SQLITE, tenant_id)
-        return [governance.switch_of(r) for r in self._rows(sql, params)]
-
-    async def stats(self, tenant_id: str | None) -> Stats:
-        tools = self._rows(*governance.tool_stats_sql(governance.SQLITE, tenant_id))
-        tenants = self._rows(*governance.tenant_stats_sql(governance.SQLITE, tenant_id))
-        return governance.stats_of(tenant_id, tools, tenants)
-
-    async def run_usage(self, tenant_id: str, run_id: str, tool: str) -> RunUsage:
-        sql, params = governance.run_usage_sql(governance.SQLITE, tenant_id, run_id, tool)
-        return governance.run_usage_of(self._rows(sql, params))
