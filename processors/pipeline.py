@@ -46,7 +46,6 @@ from processors.ledger import (
     TimedOut,
 )
 from processors.ledger.governance import (
-    ANY,
     ApprovalBook,
     Switch,
     SwitchEvent,
@@ -56,6 +55,7 @@ from processors.telemetry import set_call_attributes, stage
 from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
+from schemas.calls import ANY
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from processors.ledger.governance import ANY, token_digest
-from schemas.calls import IMPACT_FIELDS
+from processors.ledger.governance import token_digest
+from schemas.calls import ANY, IMPACT_FIELDS
 from schemas.events import (
     ApprovalDenied,
     ApprovalGranted,

@@ -227,9 +227,9 @@ def effective_switch(
 ) -> SwitchView | None:
     """The switch that keeps ``tool`` off for ``tenant_id``, if any.
 
-    Each of (tenant, tool), (tenant, ``*``), (``*``, tool), (``*``, ``*``) is looked at on its
-    own, in that order, by its latest state (several states of one pair: the latest counts);
-    the first one that is disabled is returned.
+    Each pair of :func:`switch_scopes` is looked at on its own, in that order, by its latest
+    state (several states of one pair: the latest counts); the first one that is disabled is
+    returned.
     """
     latest: dict[tuple[str, str], SwitchView] = {}
     for switch in switches:
@@ -237,12 +237,17 @@ def effective_switch(
         current = latest.get(key)
         if current is None or switch.changed_at >= current.changed_at:
             latest[key] = switch
-    for tenant in (tenant_id, ANY):
-        for name in (tool, ANY):
-            found = latest.get((tenant, name))
-            if found is not None and not found.enabled:
-                return found
+    for scope in switch_scopes(tenant_id, tool):
+        found = latest.get(scope)
+        if found is not None and not found.enabled:
+            return found
     return None
+
+
+def switch_scopes(tenant_id: str, tool: str) -> tuple[tuple[str, str], ...]:
+    """The (tenant, tool) pairs whose switch applies to a call, most specific first: the
+    tenant's and the global ones, for the tool and for every tool."""
+    return ((tenant_id, tool), (tenant_id, ANY), (ANY, tool), (ANY, ANY))
 
 
 def _rate(numerator: int, denominator: int) -> float | None:

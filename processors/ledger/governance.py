@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from schemas.calls import switch_scopes
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalConsumed,
@@ -25,8 +26,6 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-
-ANY = "*"  # a switch's tenant or tool that matches every tenant or tool
 
 
 class ApprovalStatus(StrEnum):
@@ -164,11 +163,10 @@ def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switc
     global switches, for the tool and for every tool, each on its own."""
     if not switches:
         return None
-    for tenant in (tenant_id, ANY):
-        for name in (tool, ANY):
-            switch = switches.get(switch_key(tenant, name))
-            if switch is not None and not switch.enabled:
-                return switch
+    for tenant, name in switch_scopes(tenant_id, tool):
+        switch = switches.get(switch_key(tenant, name))
+        if switch is not None and not switch.enabled:
+            return switch
     return None
 
 

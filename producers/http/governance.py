@@ -22,7 +22,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from processors.ledger.governance import ANY, disabled_error
+from processors.ledger.governance import disabled_error
 from producers import governance
 from producers.client import TransportError, TrustedContext
 from producers.http.problems import problem
@@ -36,6 +36,7 @@ from producers.http.responses import (
     validation_failed,
 )
 from schemas.calls import (
+    ANY,
     ApprovalView,
     CallQueries,
     SwitchView,

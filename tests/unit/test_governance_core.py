@@ -14,6 +14,7 @@ import pytest
 from processors.ledger import (
     ApprovalGate,
     CallContext,
+    CallState,
     ChangeSwitch,
     DecideApproval,
     Execute,
@@ -26,7 +27,6 @@ from processors.ledger import (
     fold,
 )
 from processors.ledger.governance import (
-    ANY,
     ApprovalBook,
     ApprovalStatus,
     Switch,
@@ -37,6 +37,7 @@ from processors.ledger.governance import (
     switch_of,
     token_digest,
 )
+from schemas.calls import ANY
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalConsumed,
@@ -219,49 +220,42 @@ def test_the_switch_is_checked_before_the_approval() -> None:
     assert _code(event) == ErrorCode.TOOL_DISABLED  # the token is not consumed
 
 
+def _failed_once(disposition: FailureDisposition) -> CallState | None:
+    """A call key whose first attempt ended with ``disposition``."""
+    return fold(
+        [
+            ToolCallStarted(
+                envelope=ctx().envelope("i0/started/1", T0),
+                attempt=1,
+                round=1,
+                executor_epoch=1,
+                arguments_redacted_json="{}",
+            ),
+            ToolCallFailed(
+                envelope=ctx().envelope("i0/failed/1", T0),
+                attempt=1,
+                error=ErrorInfo.of(
+                    ErrorCode.INTERNAL,
+                    "x",
+                    retryable=disposition is not FailureDisposition.FINAL,
+                ),
+                disposition=disposition,
+                fingerprint="fp",
+                duration_ms=1,
+            ),
+        ]
+    )
+
+
 def test_a_replay_needs_neither_approval_nor_an_enabled_switch() -> None:
-    history = [
-        ToolCallStarted(
-            envelope=ctx().envelope("i0/started/1", T0),
-            attempt=1,
-            round=1,
-            executor_epoch=1,
-            arguments_redacted_json="{}",
-        ),
-        ToolCallFailed(
-            envelope=ctx().envelope("i0/failed/1", T0),
-            attempt=1,
-            error=ErrorInfo.of(ErrorCode.INTERNAL, "x", retryable=False),
-            disposition=FailureDisposition.FINAL,
-            fingerprint="fp",
-            duration_ms=1,
-        ),
-    ]
-    state = fold(history)
+    state = _failed_once(FailureDisposition.FINAL)
     gate = Gate(disabled=OFF, approval=approval(None).approval)
     (event,) = decide(state, submit(gate)).events
     assert event.TYPE == "ToolCallReplayed"
 
 
 def test_no_new_round_starts_while_switched_off() -> None:
-    history = [
-        ToolCallStarted(
-            envelope=ctx().envelope("i0/started/1", T0),
-            attempt=1,
-            round=1,
-            executor_epoch=1,
-            arguments_redacted_json="{}",
-        ),
-        ToolCallFailed(
-            envelope=ctx().envelope("i0/failed/1", T0),
-            attempt=1,
-            error=ErrorInfo.of(ErrorCode.INTERNAL, "x", retryable=True),
-            disposition=FailureDisposition.RETRYABLE,
-            fingerprint="fp",
-            duration_ms=1,
-        ),
-    ]
-    state = fold(history)
+    state = _failed_once(FailureDisposition.RETRYABLE)
     assert state is not None
     (event,) = decide(state, submit(Gate(disabled=OFF))).events
     assert _code(event) == ErrorCode.TOOL_DISABLED
