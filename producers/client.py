@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from processors.ledger.governance import token_digest
-from producers.outcomes import OutcomeHub
+from producers.outcomes import OutcomeHub, Waiter
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
     ApprovalRequested,
@@ -39,6 +40,11 @@ from schemas.status import CallStatus
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 60.0
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
+# how long a caller whose wait ran out waits on for the executor to decide its intent
+DECISION_WAIT_S = 10.0
+
+# (call_id, intent_id) -> whether another intent with the same arguments holds the key, running
+QueuedProbe = Callable[[str, str], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,7 @@ class CallResult:
     error: ErrorInfo | None = None
     attempts: int = 0
     replayed: bool = False
+    running: bool = False  # PENDING: this call's own execution has started
     call_id: str = ""
     intent_id: str = ""
     field_errors: tuple[FieldError, ...] = ()
@@ -134,11 +141,15 @@ class LedgerClient:
         run_id: str | None = None,
         step_id: str | None = None,
         approval_token: str | None = None,
+        queued: QueuedProbe | None = None,
     ) -> CallResult:
         """Run ``tool`` at most once per ``idempotency_key``; wait up to ``wait`` seconds.
 
         Still running after the wait: a result with status PENDING (ask again with the same
-        key and arguments to get the outcome; it will not run twice).
+        key and arguments to get the outcome; it will not run twice). ``running`` tells
+        whether it is this call that runs; otherwise another call with the same key and
+        arguments does, which ``queued`` answers from a read of the ledger (see
+        :meth:`_decided`). Refusals and replays are answered whatever the wait.
         """
         key = idempotency_key or ""
         call_key = str(CallKey(context.tenant_id, tool, key))
@@ -202,11 +213,11 @@ class LedgerClient:
             approval_token=token_digest(approval_token) if approval_token else None,
         )
         hub = self._transport.outcomes
-        future = hub.expect(intent_id)
+        waiter = hub.expect(intent_id)
         try:
             await self._transport.send(intent)
             timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
-            event = await asyncio.wait_for(asyncio.shield(future), timeout)
+            return result_of(await asyncio.wait_for(asyncio.shield(waiter.answer), timeout))
         except TransportError as exc:
             # The intent may or may not have reached the log: the same key makes a retry safe.
             return CallResult(
@@ -216,15 +227,68 @@ class LedgerClient:
                 error=ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}"),
             )
         except TimeoutError:
-            return CallResult(
-                status=CallStatus.PENDING,
-                call_id=call_id,
-                intent_id=intent_id,
-                error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is still running."),
-            )
+            return await self._decided(waiter, call_id, intent_id, queued)
         finally:
-            hub.forget(intent_id, future)
-        return result_of(event)
+            hub.forget(intent_id, waiter)
+
+    async def _decided(
+        self, waiter: Waiter, call_id: str, intent_id: str, queued: QueuedProbe | None
+    ) -> CallResult:
+        """The wait ran out before the answer: wait on for the executor's *decision* (bounded).
+
+        The wait only decides whether a running call is answered now or later. A refusal, a
+        replay or a key reused with other arguments is answered whatever the wait, so this
+        returns PENDING only for a call that runs: our own (its Started event is committed) or
+        another intent's with the same arguments, which ours queues behind (``queued`` tells).
+        """
+        deadline = time.monotonic() + DECISION_WAIT_S
+        step = 0.01
+        while True:
+            if waiter.answer.done():
+                return result_of(waiter.answer.result())
+            if waiter.started.is_set():
+                return CallResult(
+                    status=CallStatus.PENDING,
+                    call_id=call_id,
+                    intent_id=intent_id,
+                    running=True,
+                    error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is running."),
+                )
+            if queued is not None and await queued(call_id, intent_id):
+                return CallResult(
+                    status=CallStatus.PENDING,
+                    call_id=call_id,
+                    intent_id=intent_id,
+                    error=ErrorInfo.of(
+                        ErrorCode.IDEMPOTENCY_KEY_IN_USE,
+                        "A call with this key and arguments is still running.",
+                    ),
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return CallResult(
+                    status=CallStatus.PENDING,
+                    call_id=call_id,
+                    intent_id=intent_id,
+                    error=ErrorInfo.of(
+                        ErrorCode.INTERNAL,
+                        f"The ledger has not decided this call within {DECISION_WAIT_S:g} s.",
+                        retryable=True,
+                        suggested_action="Call again with the same key and arguments: it "
+                        "runs at most once.",
+                    ),
+                )
+            started: asyncio.Future[Any] = asyncio.ensure_future(waiter.started.wait())
+            either: list[asyncio.Future[Any]] = [waiter.answer, started]
+            try:
+                await asyncio.wait(
+                    either,
+                    timeout=min(step, left),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                started.cancel()
+            step = min(step * 2, 0.2)
 
     async def command(
         self, record: Event, *, broadcast: bool = False, wait: float | None = None
@@ -234,18 +298,18 @@ class LedgerClient:
 
         Raises :class:`TransportError` if the log could not be reached."""
         hub = self._transport.outcomes
-        future = hub.expect(record.intent_id)
+        waiter = hub.expect(record.intent_id)
         try:
             if broadcast:
                 await self._transport.broadcast(record)
             else:
                 await self._transport.send(record)
             timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await asyncio.wait_for(asyncio.shield(waiter.answer), timeout)
         except TimeoutError:
             return None
         finally:
-            hub.forget(record.intent_id, future)
+            hub.forget(record.intent_id, waiter)
 
 
 def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:

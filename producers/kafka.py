@@ -113,10 +113,12 @@ class KafkaTransport:
         for records in batches.values():
             for record in records:
                 headers = dict(record.headers or ())
-                if headers.get(ANSWER_HEADER) == b"0":
-                    continue  # not an answer (e.g. Started): no need to decode it
                 intent_id = headers.get(INTENT_ID_HEADER, b"").decode()
                 if not self.outcomes.is_waiting(intent_id):
+                    continue
+                if headers.get(ANSWER_HEADER) == b"0":
+                    # not an answer (e.g. Started): the call runs; no need to decode it
+                    self.outcomes.progressed(intent_id)
                     continue
                 try:
                     event = decode(record.value or b"")

@@ -1,37 +1,57 @@
-"""Waiting callers, resolved by intent id from the outcome stream (no consumer per call)."""
+"""Waiting callers, resolved by intent id from the outcome stream (no consumer per call).
+
+A waiter learns two things about its intent: that the executor *started* it (a non-answer
+event of the intent was committed, e.g. ``ToolCallStarted``: the call is running and is the
+caller's own), and its *answer*. Both come from the same stream, so a caller can tell a call
+that is running from one that has not been decided yet.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from schemas.events import Event, answers_intent
 
 
+@dataclass(slots=True)
+class Waiter:
+    answer: asyncio.Future[Event]
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class OutcomeHub:
     def __init__(self) -> None:
-        self._waiters: dict[str, list[asyncio.Future[Event]]] = {}
+        self._waiters: dict[str, list[Waiter]] = {}
 
-    def expect(self, intent_id: str) -> asyncio.Future[Event]:
+    def expect(self, intent_id: str) -> Waiter:
         """Register interest *before* the intent is appended, so no answer can be missed."""
-        future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(intent_id, []).append(future)
-        return future
+        waiter = Waiter(asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(intent_id, []).append(waiter)
+        return waiter
 
-    def forget(self, intent_id: str, future: asyncio.Future[Event]) -> None:
+    def forget(self, intent_id: str, waiter: Waiter) -> None:
         waiters = self._waiters.get(intent_id)
-        if waiters and future in waiters:
-            waiters.remove(future)
+        if waiters and waiter in waiters:
+            waiters.remove(waiter)
             if not waiters:
                 del self._waiters[intent_id]
 
     def publish(self, events: Iterable[Event]) -> None:
         for event in events:
-            if not answers_intent(event):
-                continue
-            for future in self._waiters.pop(event.intent_id, ()):
-                if not future.done():
-                    future.set_result(event)
+            if answers_intent(event):
+                for waiter in self._waiters.pop(event.intent_id, ()):
+                    waiter.started.set()
+                    if not waiter.answer.done():
+                        waiter.answer.set_result(event)
+            else:
+                self.progressed(event.intent_id)
+
+    def progressed(self, intent_id: str) -> None:
+        """A non-answer event of ``intent_id`` was committed: the executor started it."""
+        for waiter in self._waiters.get(intent_id, ()):
+            waiter.started.set()
 
     def is_waiting(self, intent_id: str) -> bool:
         return intent_id in self._waiters

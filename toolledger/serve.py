@@ -37,7 +37,7 @@ log = logging.getLogger("toolledger.serve")
 
 
 def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
-    return {t.name: ToolInfo(t.name, t.keyed, t.manifest()) for t in registry}
+    return {t.name: ToolInfo(t.name, t.keyed, t.manifest(), t.digest_of) for t in registry}
 
 
 def authenticator(

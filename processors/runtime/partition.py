@@ -218,27 +218,25 @@ class PartitionWorker:
             self._spawn(intent.call_key, self._stages.run_approval_decision(intent, port))
             return
         chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
-        if chain in self._tails and self._conflicts(intent):
-            chain = intent.intent_id  # answered now, not after the running call: see _conflicts
+        if chain in self._tails and self._refused_now(intent):
+            chain = intent.intent_id  # answered now, not after the running call: see below
         self._spawn(chain, self._stages.run_intent(intent, port))
 
-    def _conflicts(self, intent: ToolCallRequested) -> bool:
-        """Same key, other arguments, while the key's first call is known: refuse at once.
+    def _refused_now(self, intent: ToolCallRequested) -> bool:
+        """Invalid input, or the same key with other arguments while the key's first call is
+        known: refuse at once instead of after the call that holds the key.
 
-        The first accepted digest of a key never changes, so the refusal does not depend on
-        the outcome of the call that is still running and need not wait for it.
+        Neither answer depends on the running call's outcome: admission looks at the intent
+        alone, and the first accepted digest of a key never changes.
         """
-        state = self.states.get(intent.call_key)
-        if state is None:
-            return False
         try:
             admitted = self._stages.admit(intent)
         except Exception:  # admit answers bad input as data; anything else takes the chain
             return False
-        return (
-            not isinstance(admitted, ToolCallRejected)
-            and admitted.context.args_digest != state.args_digest
-        )
+        if isinstance(admitted, ToolCallRejected):
+            return True
+        state = self.states.get(intent.call_key)
+        return state is not None and admitted.context.args_digest != state.args_digest
 
     async def drain(self) -> None:
         """Wait until everything fed so far is committed."""

@@ -8,9 +8,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from processors.ledger.commands import Policy, ReconcileOutcome
+from schemas.canonical import CanonicalJsonError, args_digest
 from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
 
 
@@ -177,6 +178,14 @@ class Tool:
             summary=f"Run {self.name} (version {self.version}).",
             irreversible=self.risk is RiskTier.IRREVERSIBLE,
         )
+
+    def digest_of(self, raw: Any) -> str | None:
+        """The args digest the executor computes for ``raw`` arguments; ``None`` if they are
+        invalid (the executor refuses them). Front doors use it to compare with the ledger."""
+        try:
+            return args_digest(self.arguments.model_validate(raw).model_dump(mode="json"))
+        except (ValidationError, CanonicalJsonError):
+            return None
 
     @property
     def keyed(self) -> bool:

@@ -56,11 +56,17 @@ RETRY_AFTER: dict[str, str] = {
 CALL_ID = re.compile(r"call_[0-9a-f]{32}")  # CallKey.call_id: anything else is not a call
 
 
+def _no_digest(_arguments: Any) -> str | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ToolInfo:
     name: str
     keyed: bool  # needs an Idempotency-Key (mutation, long_running)
     manifest: dict[str, Any]
+    # the args digest the executor will compute (None: invalid, the executor refuses them)
+    digest: Callable[[Any], str | None] = _no_digest
 
 
 @dataclass
@@ -374,6 +380,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             run_id=body.run_id,
             step_id=body.step_id,
             approval_token=body.approval_token,
+            queued=_queued_probe(door, context, info.digest(body.arguments)) if key else None,
         )
         response = await _answer(door, context, tool, key, result, wait)
         door.metrics.observe(tool, response.status_code, result, time.monotonic() - started)
@@ -504,24 +511,21 @@ async def _answer(
             body.approval_request = await governance.approval_request(door, result.event)
         return problem_response(body, {"Retry-After": retry_after} if retry_after else None)
     if result.status is CallStatus.PENDING:
-        if result.error is not None and result.error.code == ErrorCode.INTERNAL:
+        assert result.error is not None
+        if result.error.code == ErrorCode.INTERNAL:  # not reached or not decided: retry
             return problem_response(problem(result.error), {"Retry-After": "1"})
-        view = await door.queries.get(context.tenant_id, call_id) if key else None
-        if view is not None and view.status.is_final:
-            # it finished between the end of the wait and this read: answer the outcome
-            ours = await _ours(door, view, result)
-            headers = {} if ours else {"Idempotent-Replayed": "true"}
-            return Response(_view_bytes(view), media_type=JSON, headers=headers)
-        if (
-            view is not None
-            and view.status is CallStatus.PENDING
-            and not await _ours(door, view, result)
-        ):
+        if not result.running:  # another call with this key and these arguments runs
             return error_response(
                 ErrorCode.IDEMPOTENCY_KEY_IN_USE,
                 f"The call with this key is still running after {wait:g} s.",
                 headers={"Retry-After": "1"},
             )
+        view = await door.queries.get(context.tenant_id, call_id) if key else None
+        if view is not None and view.last_intent_id != result.intent_id:
+            view = None  # the projection has not reached this call's own events yet
+        if view is not None and view.status.is_final:
+            # it finished between the end of the wait and this read: answer the outcome
+            return Response(_view_bytes(view), media_type=JSON)
         location = {"Location": f"/v1/calls/{call_id}"}
         if view is None:
             view = _pending_view(context, tool, key, result)
@@ -540,8 +544,26 @@ async def _answer(
     return Response(_view_bytes(view), media_type=JSON, headers=headers)
 
 
-async def _ours(door: FrontDoor, view: CallView, result: CallResult) -> bool:
-    return view.last_intent_id == result.intent_id
+def _queued_probe(
+    door: FrontDoor, context: TrustedContext, digest: str | None
+) -> Callable[[str, str], Awaitable[bool]]:
+    """Whether another intent holds the key with these same arguments and is running: then
+    this call, queued behind it, is answered 409 when its wait runs out (DESIGN section 11).
+    Arguments that differ from the key's first ones are never "in use": the executor refuses
+    them at once with 422, and the caller waits for that answer."""
+
+    async def queued(call_id: str, intent_id: str) -> bool:
+        if digest is None:
+            return False
+        view = await door.queries.get(context.tenant_id, call_id)
+        return (
+            view is not None
+            and view.status is CallStatus.PENDING
+            and view.last_intent_id != intent_id
+            and view.args_digest == digest
+        )
+
+    return queued
 
 
 async def _projected(
