@@ -31,7 +31,7 @@ serve: $(STAMP)
 	echo "    -H 'Authorization: Bearer $$token' -H 'Content-Type: application/json' \\"; \
 	echo "    -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
 	echo "(run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i)"
-	exec $(BIN)/toolledger serve --host $(SERVE_HOST) --port $(SERVE_PORT) \
+	exec $(BIN)/toolledger serve --create --host $(SERVE_HOST) --port $(SERVE_PORT) \
 	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
 
 # The whole suite: starts a real Kafka broker and a real PostgreSQL, runs every test

@@ -207,7 +207,7 @@ async def run_ledger(calls: Sequence[Planned], *, window: int, warmup: int, sync
     with scratch_dir(base) as directory:
         path = directory / "ledger.db"
         async with EmbeddedLedger(path, make_registry(counter), partitions=PARTITIONS,
-                                  synchronous=synchronous) as ledger:
+                                  synchronous=synchronous, create=True) as ledger:
             await issue(ledger, warm, window, None, progress, task)
             before = counter.invocations
             progress.update(task, rate="")

@@ -335,7 +335,8 @@ def ledger_argv(port: int, data: Path, tokens: Path, profile_to: Path | None) ->
     runner = (["-m", "bench.http", PROFILED_SERVER, str(profile_to)] if profile_to
               else ["-m", "toolledger.cli"])
     return [sys.executable, *runner, "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--data", str(data), "--tokens", str(tokens), "--tools", "bench.http:noop_registry"]
+            "--data", str(data), "--tokens", str(tokens), "--tools", "bench.http:noop_registry",
+            "--create"]
 
 
 PROFILED_SERVER = "--profiled-server"

@@ -25,6 +25,7 @@ from toolledger.options import (
     JWT_ALGORITHMS,
     JWT_PRINCIPAL_CLAIM,
     JWT_TENANT_CLAIM,
+    CreateOption,
     JwksOption,
     JwtAlgorithmsOption,
     JwtAudienceOption,
@@ -186,7 +187,7 @@ def replay(
     """
     if data is not None:
         try:
-            log = SqliteLog(data / "ledger.db")
+            log = SqliteLog(data / "ledger.db", create=False)
         except LedgerFileError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
@@ -250,6 +251,7 @@ def serve(
             min=1, help="Repeats of one failure of a tool before a run's calls of it stop."
         ),
     ] = 3,
+    create: CreateOption = False,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
@@ -259,9 +261,10 @@ def serve(
 
     try:
         token_store = TokenStore.load(tokens)
+        new_ledger = options.creates(data, create)
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
-    except (TokenFileError, ConfigError) as exc:
+    except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     if (kafka is None) != (postgres is None):
@@ -292,15 +295,34 @@ def serve(
             postgres=postgres,
             topics=Topics(prefix, partitions),
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            create=new_ledger,
         )
         async with door as front:
             await wiring.serve(front, host, port)
 
     try:
         asyncio.run(main())
-    except ConfigError as exc:  # the JWKS file, the JWT settings or the policy
-        console.print(f"[red]{exc}[/]")
+    except (ConfigError, LedgerFileError) as exc:  # JWKS, JWT settings, policy, ledger file
+        console.print(f"[red]{exc}[/]", soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def init(
+    data: Annotated[Path, typer.Argument(help="Directory of the new embedded ledger.")],
+    partitions: PartitionsOption = 4,
+) -> None:
+    """Create a new, empty embedded ledger in DATA (refused if one is there already)."""
+    path = data / "ledger.db"
+    if path.exists():
+        console.print(f"[red]{path} exists already: a ledger is never re-created[/]")
+        raise typer.Exit(2)
+    try:
+        SqliteLog(path, partitions=partitions, create=True).close()
+    except LedgerFileError as exc:
+        console.print(f"[red]{exc}[/]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"created an empty ledger with {partitions} partitions: {path}")
 
 
 register_mcp_command(app)

@@ -243,7 +243,9 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
     store = HelpdeskStore(workdir / "downstream.db")
     registry = helpdesk_registry(store, flaky_timeout_s=1.0, retry=RetryPolicy(backoff_base_s=0.05))
     checks = Checks()
-    async with EmbeddedLedger(workdir / "ledger.db", registry, sweep_interval_s=30) as ledger:
+    async with EmbeddedLedger(
+        workdir / "ledger.db", registry, sweep_interval_s=30, create=True
+    ) as ledger:
         for number, scene in enumerate(SCENES, 1):
             with console.status(f"[bold]scene {number}/{len(SCENES)}[/]: {scene.title}"):
                 await scene.run(ledger.client, checks, scene.key)

@@ -39,8 +39,12 @@ class EmbeddedLedger:
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         default_wait_s: float = 10.0,
         approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
+        create: bool | None = None,
     ) -> None:
+        """``create``: make the ledger if it does not exist (True), never (False), or only in a
+        new, empty directory (None); see :class:`SqliteLog`."""
         self.path = Path(path)
+        self._create = create
         self.registry = registry
         self.outcomes = OutcomeHub()
         self._partitions = partitions
@@ -58,7 +62,12 @@ class EmbeddedLedger:
         self.runtime: EmbeddedRuntime | None = None
 
     async def start(self) -> EmbeddedLedger:
-        self.log = SqliteLog(self.path, partitions=self._partitions, synchronous=self._synchronous)
+        self.log = SqliteLog(
+            self.path,
+            partitions=self._partitions,
+            synchronous=self._synchronous,
+            create=self._create,
+        )
         stages = Stages(
             self.registry,
             Redactor(bytes.fromhex(self.log.meta("redaction_secret"))),

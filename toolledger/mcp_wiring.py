@@ -41,6 +41,7 @@ from toolledger.options import (
     JWT_ALGORITHMS,
     JWT_PRINCIPAL_CLAIM,
     JWT_TENANT_CLAIM,
+    CreateOption,
     JwksOption,
     JwtAlgorithmsOption,
     JwtAudienceOption,
@@ -139,6 +140,7 @@ def open_door(
     postgres: str | None,
     prefix: str,
     partitions: int,
+    create: bool | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """The backend ``toolledger serve`` would use, with its authenticator (a bare tokens
     file: that file only). A JWKS file or JWT settings that are not usable raise
@@ -155,6 +157,7 @@ def open_door(
         kafka=kafka,
         postgres=postgres,
         topics=Topics(prefix, partitions),
+        create=create,
     )
 
 
@@ -196,6 +199,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_tenant_claim: JwtTenantClaimOption = JWT_TENANT_CLAIM,
         jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
         jwt_scopes_claim: JwtScopesClaimOption = None,
+        create: CreateOption = False,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -230,6 +234,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 algorithms=security.jwt_algorithms,
                 claims=security.jwt_claims,
             )
+            new_ledger = options.creates(data, create)
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
@@ -245,6 +250,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 postgres=postgres,
                 prefix=prefix,
                 partitions=partitions,
+                create=new_ledger,
             )
             async with door as front:
                 if context is not None:

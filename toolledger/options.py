@@ -19,6 +19,23 @@ ServeKafkaOption = Annotated[
 ServePostgresOption = Annotated[
     str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
 ]
+CreateOption = Annotated[
+    bool,
+    typer.Option(
+        "--create",
+        help="Make a new, empty embedded ledger in --data if there is none (without it, only "
+        "in a new, empty directory: a missing ledger is never silently re-created).",
+    ),
+]
+
+
+def creates(data: Path, create: bool) -> bool | None:
+    """``--create`` as :class:`SqliteLog` takes it: True, or None (only in an empty directory,
+    judged now, before anything such as the helpdesk store is written there)."""
+    fresh = not data.exists() or (data.is_dir() and not any(data.iterdir()))
+    return True if create or fresh else None
+
+
 PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
 PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
 JwksOption = Annotated[

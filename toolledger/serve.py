@@ -146,15 +146,17 @@ async def embedded_door(
     registry: ToolRegistry,
     security: Security,
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
+    create: bool | None = None,
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of an embedded ledger in ``data`` (its executor in this process)."""
+    """The front door of an embedded ledger in ``data`` (its executor in this process);
+    ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
     door = security.build(registry)
     ledger_file = data / "ledger.db"
     async with EmbeddedLedger(
-        ledger_file, registry, approval_request_ttl=approval_request_ttl
+        ledger_file, registry, approval_request_ttl=approval_request_ttl, create=create
     ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -205,11 +207,12 @@ def open_door(
     postgres: str | None,
     topics: Topics,
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
+    create: bool | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
         return distributed_door(kafka, postgres, topics, registry, security)
-    return embedded_door(data, registry, security, approval_request_ttl)
+    return embedded_door(data, registry, security, approval_request_ttl, create)
 
 
 async def serve(door: FrontDoor, host: str, port: int) -> None:

@@ -8,18 +8,31 @@ outcome events + call states + input position + projections together.
 from __future__ import annotations
 
 import fcntl
+import logging
 import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from processors.runtime.ledger_file import (
+    LedgerFileError,
+    check_readable,
+    must_create,
+    read_only,
+    traces,
+    write_failure,
+)
 from processors.runtime.partition import CommitBatch
 from processors.runtime.snapshot import Snapshot, governance_pairs
 from projections import sqlite as projection
 from projections.rows import Position
 from schemas.codec import CodecError, decode
 from schemas.events import Event
+
+__all__ = ["EXECUTOR", "FORMAT", "INTENTS", "OUTCOMES", "LedgerFileError", "SqliteLog"]
+
+log = logging.getLogger("toolledger.embedded")
 
 FORMAT = "toolledger-embedded/1"
 INTENTS = "intents"
@@ -48,19 +61,36 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 """
 
 
-class LedgerFileError(RuntimeError):
-    """The file is not a usable toolledger database; nothing in it was changed."""
-
-
 class SqliteLog:
-    def __init__(self, path: Path, *, partitions: int = 4, synchronous: str = "FULL") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        partitions: int = 4,
+        synchronous: str = "FULL",
+        create: bool | None = None,
+    ) -> None:
+        """Open the ledger at ``path``. ``create``: True to make it if it does not exist, False
+        never to, None (default) only in a new, empty directory. Raises
+        :class:`LedgerFileError` (one line naming the file) and then has written nothing."""
         self.path = Path(path)
+        new = must_create(self.path, create)  # before the lock: a refusal leaves no trace
+        if new and traces(self.path):  # asked to, but a ledger was here: say so
+            log.warning(
+                "creating a new, empty ledger where one was before", extra={"path": str(path)}
+            )
         self._lock_file: IO[str] | None = None
         self._lock()
         try:
-            self.conn = self._open(synchronous)
-            self.partitions = self._init_meta(partitions)
-            self.epoch = self._bump_epoch()
+            if not new:
+                check_readable(self.path)
+                self._check_format()
+            try:
+                self.conn = self._open(synchronous)
+                self.partitions = self._init_meta(partitions)
+                self.epoch = self._bump_epoch()
+            except (sqlite3.Error, OSError) as exc:
+                raise write_failure(self.path, exc) from None
         except BaseException:
             self._unlock()
             raise
@@ -69,8 +99,11 @@ class SqliteLog:
     # -- opening ----------------------------------------------------------------------------
 
     def _lock(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held for the log's lifetime
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held for the log's lifetime
+        except OSError as exc:
+            raise write_failure(self.path, exc) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -86,31 +119,33 @@ class SqliteLog:
             self._lock_file.close()
             self._lock_file = None
 
-    def _open(self, synchronous: str) -> sqlite3.Connection:
-        existed = self.path.exists() and self.path.stat().st_size > 0
+    def _check_format(self) -> None:
+        """A ledger of this format, read only: another application's database is refused."""
+        conn = read_only(self.path)
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             tables = {
                 r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
+            if "meta" not in tables:
+                raise LedgerFileError(
+                    f"{self.path} is an SQLite database of another application "
+                    f"(tables {sorted(tables)[:5]}); it was left untouched"
+                )
+            row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise LedgerFileError(
-                f"{self.path} is not an SQLite database ({exc}); it was left untouched"
+                f"{self.path} cannot be read ({exc}); it was left untouched"
             ) from None
-        if existed and tables and "meta" not in tables:
+        finally:
             conn.close()
+        if row is None or row[0] != FORMAT:
             raise LedgerFileError(
-                f"{self.path} is an SQLite database of another application "
-                f"(tables {sorted(tables)[:5]}); it was left untouched"
+                f"{self.path} has format {row[0] if row else None!r}, "
+                f"expected {FORMAT!r}; it was left untouched"
             )
-        if "meta" in tables:
-            row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
-            if row is None or row[0] != FORMAT:
-                conn.close()
-                raise LedgerFileError(
-                    f"{self.path} has format {row[0] if row else None!r}, "
-                    f"expected {FORMAT!r}; it was left untouched"
-                )
+
+    def _open(self, synchronous: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")

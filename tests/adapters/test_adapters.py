@@ -47,7 +47,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     registry = helpdesk_registry(store)
     tools: dict[str, ToolSpec] = dict(tool_infos(registry))
     try:
-        async with EmbeddedLedger(tmp_path / "ledger.db", registry) as ledger:
+        async with EmbeddedLedger(tmp_path / "ledger.db", registry, create=True) as ledger:
             yield Setup(ledger.client, store, tools)
     finally:
         store.close()

@@ -22,7 +22,7 @@ class EmbeddedHarness(Harness):
 
     async def start(self) -> None:
         self.ledger = EmbeddedLedger(
-            self.workdir / "ledger.db", self.registry, sweep_interval_s=0.1
+            self.workdir / "ledger.db", self.registry, sweep_interval_s=0.1, create=True
         )
         await self.ledger.start()
 

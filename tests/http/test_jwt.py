@@ -72,7 +72,7 @@ async def main():
     door = serve.embedded_door(data, registry, serve.Security(
         TokenStore.load(Path(o["tokens"])), jwks=path("jwks"),
         issuer=o.get("issuer"), audience=o.get("audience"), policy=path("policy"),
-    ))
+    ), create=True)
     async with door as front:
         await serve.serve(front, "127.0.0.1", o["port"])
 

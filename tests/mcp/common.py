@@ -199,7 +199,7 @@ async def embedded(root: Path) -> AsyncIterator[tuple[EmbeddedLedger, HelpdeskSt
     store = HelpdeskStore(root / "helpdesk.db")
     registry = helpdesk_registry(store)
     try:
-        async with EmbeddedLedger(root / "ledger.db", registry) as ledger:
+        async with EmbeddedLedger(root / "ledger.db", registry, create=True) as ledger:
             yield ledger, store
     finally:
         store.close()

@@ -307,7 +307,9 @@ async def one_door(root: Path, keys: Keys) -> AsyncIterator[Door]:
         security = serve.Security(
             TokenStore([]), keys.write_jwks(root / "jwks.json"), ISSUER, AUDIENCE
         )
-        async with serve.embedded_door(root, helpdesk_registry(store), security) as door:
+        async with serve.embedded_door(
+            root, helpdesk_registry(store), security, create=True
+        ) as door:
             port = free_port()
             app = mcp_server(door, wait_s=10).http_app(door_authenticator(door), host="127.0.0.1")
             transport = httpx.ASGITransport(app=create_app(door))

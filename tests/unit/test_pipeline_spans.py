@@ -87,7 +87,10 @@ async def ledger(
     """An embedded ledger, traced into ``exporter`` from its start."""
     store = HelpdeskStore(tmp_path / "downstream.db")
     embedded = EmbeddedLedger(
-        tmp_path / "ledger.db", contract_registry(store), sweep_interval_s=sweep_interval_s
+        tmp_path / "ledger.db",
+        contract_registry(store),
+        sweep_interval_s=sweep_interval_s,
+        create=True,
     )
     await embedded.start()
     try:

@@ -1,0 +1,106 @@
+"""Checks made on an embedded ledger file *before* anything is written to it.
+
+A ledger file is the only record of which keys ran. If it were silently re-created (deleted,
+emptied, its WAL left behind) every old key would execute again; if a damaged file were opened
+for writing, the start itself could spread the damage. So the file is inspected first, read
+only, and a new ledger is made only when the caller says so (``create``) or in a new, empty
+directory. Every refusal is one line that names the file and says what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from pathlib import Path
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_SIDE_FILES = ("-wal", "-shm", ".lock")
+
+
+class LedgerFileError(RuntimeError):
+    """The file is not a usable toolledger database; nothing in it was changed."""
+
+
+def side_file(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def must_create(path: Path, create: bool | None) -> bool:
+    """Whether ``path`` is to be made as a new ledger; raises for a file that must not be
+    opened or re-created. ``create``: True to allow a new ledger, False to forbid one, None
+    to allow it only in a directory that does not exist or is empty."""
+    wal = side_file(path, "-wal")
+    if not path.exists():
+        if wal.exists():
+            raise LedgerFileError(
+                f"{path} is missing but its write-ahead log {wal.name} is there: the database "
+                "was deleted or moved; restore it (a WAL alone is not a ledger)"
+            )
+        if create or (create is None and _new_directory(path.parent)):
+            return True
+        raise LedgerFileError(
+            f"{path} does not exist: create a new ledger with 'toolledger init "
+            f"{path.parent}' or --create (a new ledger has no keys: each runs again)"
+        )
+    if not path.is_file():
+        raise LedgerFileError(f"{path} is not a regular file")
+    if path.stat().st_size == 0:
+        raise LedgerFileError(
+            f"{path} is empty (0 bytes): a ledger file never is; restore it from a backup. It "
+            "was left untouched"
+        )
+    with path.open("rb") as handle:
+        if handle.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            raise LedgerFileError(
+                f"{path} is not an SQLite database (no SQLite header); it was left untouched"
+            )
+    return False
+
+
+def read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write ``path``. Without a WAL beside it the file is opened as
+    immutable, so not even an empty WAL or shared-memory file is created next to it."""
+    wal = side_file(path, "-wal")
+    mode = "ro" if wal.exists() and wal.stat().st_size > 0 else "ro&immutable=1"
+    return sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+
+
+def check_readable(path: Path) -> None:
+    """Open ``path`` read only and check every page SQLite needs (``PRAGMA quick_check``)."""
+    try:
+        conn = read_only(path)
+    except sqlite3.Error as exc:
+        raise LedgerFileError(f"{path} cannot be opened ({exc}); it was left untouched") from None
+    try:
+        found = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]
+    except sqlite3.DatabaseError as exc:
+        found = [str(exc)]
+    finally:
+        conn.close()
+    if found != ["ok"]:
+        raise LedgerFileError(
+            f"{path} is damaged ({'; '.join(found)[:200]}): restore it from a backup; it was "
+            "left untouched"
+        )
+
+
+def write_failure(path: Path, exc: BaseException) -> LedgerFileError:
+    """One line for a start that could not write: what happened and what to do."""
+    text = str(exc)
+    errno_ = getattr(exc, "errno", None)
+    if "readonly" in text or "read-only" in text or errno_ in (errno.EROFS, errno.EACCES):
+        advice = "the file or its directory is read-only: make both writable"
+    elif "full" in text or errno_ == errno.ENOSPC:
+        advice = "the disk is full: free space and start again"
+    else:
+        advice = "check the file and its directory"
+    return LedgerFileError(f"{path} could not be written ({text}): {advice}")
+
+
+def _new_directory(directory: Path) -> bool:
+    return not directory.exists() or not any(directory.iterdir())
+
+
+def traces(path: Path) -> list[Path]:
+    """The ledger's files beside it that exist (its WAL, shared memory and lock)."""
+    return [p for p in (side_file(path, s) for s in _SIDE_FILES) if p.exists()]
