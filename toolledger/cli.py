@@ -252,12 +252,34 @@ def serve(
         ),
     ] = 3,
     create: CreateOption = False,
+    shutdown_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-timeout",
+            min=0.0,
+            help="On SIGTERM/SIGINT: seconds running calls get to finish before the ledger "
+            "closes (a call still running then is reconciled at the next start).",
+        ),
+    ] = 30.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Open connections at most (default 1024, always below the fd limit)."
+        ),
+    ] = None,
+    header_timeout_s: Annotated[
+        float, typer.Option("--header-timeout", min=0.1, help="Seconds to send the headers.")
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float, typer.Option("--body-timeout", min=0.1, help="Seconds to send the body.")
+    ] = 30.0,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.governance import RunBudget
     from schemas.topics import Topics
     from toolledger import serve as wiring
+    from toolledger.http_server import ConnectionLimits
 
     try:
         token_store = TokenStore.load(tokens)
@@ -296,9 +318,13 @@ def serve(
             topics=Topics(prefix, partitions),
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
             create=new_ledger,
+            shutdown_timeout_s=shutdown_timeout_s,
+        )
+        limits = ConnectionLimits(
+            max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s
         )
         async with door as front:
-            await wiring.serve(front, host, port)
+            await wiring.serve(front, host, port, limits)
 
     try:
         asyncio.run(main())

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+import sqlite3
+import time
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +24,10 @@ from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
 from schemas.events import Event
+
+log = logging.getLogger("toolledger.embedded")
+
+PROBE_INTERVAL_S = 1.0
 
 
 class EmbeddedLedger:
@@ -40,11 +48,15 @@ class EmbeddedLedger:
         default_wait_s: float = 10.0,
         approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
         create: bool | None = None,
+        shutdown_timeout_s: float = 30.0,
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
         new, empty directory (None); see :class:`SqliteLog`."""
         self.path = Path(path)
         self._create = create
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._probed_at = float("-inf")
+        self._writable = True
         self.registry = registry
         self.outcomes = OutcomeHub()
         self._partitions = partitions
@@ -90,6 +102,22 @@ class EmbeddedLedger:
             raise
         return self
 
+    def writable(self) -> bool:
+        """Whether the ledger can commit now: a probe write at most once a second (readiness
+        must fail on a full disk or a read-only file system before any call does)."""
+        now = time.monotonic()
+        if now - self._probed_at >= PROBE_INTERVAL_S:
+            self._probed_at = now
+            try:
+                assert self.log is not None, "start() the ledger first"
+                self.log.probe()
+                self._writable = True
+            except sqlite3.Error as exc:
+                if self._writable:
+                    log.warning("the ledger cannot commit", extra={"error": str(exc)})
+                self._writable = False
+        return self._writable
+
     async def send(self, intent: Event) -> None:
         assert self.runtime is not None, "start() the ledger first"
         await self.runtime.send(intent)
@@ -98,9 +126,21 @@ class EmbeddedLedger:
         assert self.runtime is not None, "start() the ledger first"
         await self.runtime.broadcast(record)
 
-    async def close(self) -> None:
+    async def close(self, *, grace_s: float = 0.0) -> None:
+        """Stop the executor and release the file. With ``grace_s``, running calls first get
+        that long to finish and commit (a call still running then is recovered as UNKNOWN at
+        the next start, as after a crash); without it, in-flight work is cancelled at once."""
         try:
             if self.runtime is not None:
+                if grace_s > 0:
+                    try:
+                        await asyncio.wait_for(self.runtime.drain(), grace_s)
+                    except TimeoutError:
+                        log.warning(
+                            "calls still running at the shutdown timeout: they will be "
+                            "reconciled at the next start",
+                            extra={"timeout_s": grace_s},
+                        )
                 await self.runtime.stop()
         finally:
             self.runtime = None
@@ -117,4 +157,4 @@ class EmbeddedLedger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.close(grace_s=self._shutdown_timeout_s if exc is None else 0.0)

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import uvicorn
-
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
@@ -32,6 +30,7 @@ from producers.http.ratelimit import PolicyError, RateLimiter, RatePolicy
 from schemas.calls import CallQueries
 from schemas.topics import Topics
 from toolledger.config import ConfigError
+from toolledger.http_server import ConnectionLimits, serve_app
 
 log = logging.getLogger("toolledger.serve")
 
@@ -147,6 +146,7 @@ async def embedded_door(
     security: Security,
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     create: bool | None = None,
+    shutdown_timeout_s: float = 30.0,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
     ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
@@ -156,13 +156,20 @@ async def embedded_door(
     door = security.build(registry)
     ledger_file = data / "ledger.db"
     async with EmbeddedLedger(
-        ledger_file, registry, approval_request_ttl=approval_request_ttl, create=create
+        ledger_file,
+        registry,
+        approval_request_ttl=approval_request_ttl,
+        create=create,
+        shutdown_timeout_s=shutdown_timeout_s,
     ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
 
         async def ready() -> dict[str, bool]:
-            return {"executor": all(w.failed is None for w in runtime.workers)}
+            return {
+                "executor": all(w.failed is None for w in runtime.workers),
+                "ledger_writable": ledger.writable(),
+            }
 
         yield door(ledger.client, SqliteCalls(ledger.log.conn), ready)
 
@@ -208,17 +215,18 @@ def open_door(
     topics: Topics,
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     create: bool | None = None,
+    shutdown_timeout_s: float = 30.0,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
         return distributed_door(kafka, postgres, topics, registry, security)
-    return embedded_door(data, registry, security, approval_request_ttl, create)
-
-
-async def serve(door: FrontDoor, host: str, port: int) -> None:
-    config = uvicorn.Config(
-        create_app(door), host=host, port=port, log_config=None, access_log=False, lifespan="off"
+    return embedded_door(
+        data, registry, security, approval_request_ttl, create, shutdown_timeout_s
     )
-    server = uvicorn.Server(config)
-    log.info("serving", extra={"host": host, "port": port})
-    await server.serve()
+
+
+async def serve(
+    door: FrontDoor, host: str, port: int, limits: ConnectionLimits | None = None
+) -> None:
+    """Serve the HTTP API until SIGTERM/SIGINT (then return: the caller closes the ledger)."""
+    await serve_app(create_app(door), host, port, limits or ConnectionLimits())

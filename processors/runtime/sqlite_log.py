@@ -176,9 +176,24 @@ class SqliteLog:
             raise LedgerFileError(f"{self.path}: meta key {key!r} is missing")
         return str(row[0])
 
+    def probe(self) -> None:
+        """One small committed write (raises if the ledger cannot commit now: a full disk, a
+        read-only file system)."""
+        with _tx(self.conn):
+            self.conn.execute(
+                "INSERT INTO meta VALUES ('write_probe', '1') ON CONFLICT (k) "
+                "DO UPDATE SET v = CAST(v AS INTEGER) + 1"
+            )
+
     def close(self) -> None:
-        self.conn.close()
-        self._unlock()
+        """Checkpoint the WAL into the file, close, release the lock."""
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:  # e.g. a full disk: the WAL stays, and is replayed
+            log.warning("WAL checkpoint failed", extra={"path": str(self.path), "error": str(exc)})
+        finally:
+            self.conn.close()
+            self._unlock()
 
     # -- the log ----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producers.client import CallResult, LedgerClient, TrustedContext
 from producers.governance import DEFAULT_TOKEN_TTL
@@ -242,6 +244,46 @@ def _rate_limited(
     )
 
 
+class _AnswerErrors:
+    """An error no route answered becomes a 503 problem sent here, so the exception never
+    reaches the server, which would drop the keep-alive connection without saying so; a
+    client that went away mid-request is logged once, at INFO, without a traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except ClientDisconnect:
+            log.info("client disconnected before its request was read", extra=_where(scope))
+        except Exception as exc:
+            # never a stack trace or a driver message to the caller; the log has the details
+            log.error("unhandled error", exc_info=exc, extra=_where(scope))
+            if started:
+                raise
+            answer = error_response(
+                ErrorCode.INTERNAL,
+                "The ledger could not answer this request.",
+                headers={"Retry-After": "1"},
+            )
+            await answer(scope, receive, send)
+
+
+def _where(scope: Scope) -> dict[str, Any]:
+    return {"method": scope.get("method"), "path": str(scope.get("path", ""))[:256]}
+
+
 def _view_bytes(view: CallView) -> bytes:
     return view.model_dump_json(exclude=_HIDDEN).encode()
 
@@ -279,15 +321,7 @@ def create_app(door: FrontDoor) -> FastAPI:
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         return validation_failed("The request is invalid:", field_errors(exc.errors()))
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        # never a stack trace or a driver message to the caller; the log has the details
-        log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
-        return error_response(
-            ErrorCode.INTERNAL,
-            "The ledger could not answer this request.",
-            headers={"Retry-After": "1"},
-        )
+    app.add_middleware(_AnswerErrors)
 
     original_openapi = app.openapi
 

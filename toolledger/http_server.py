@@ -1,0 +1,211 @@
+"""The HTTP server under the API: uvicorn (h11), bounded against hostile or broken clients,
+and shut down gracefully on SIGTERM/SIGINT.
+
+- **Connections are capped** below the process's descriptor limit, so ``accept()`` never runs
+  out of descriptors (an exhausted limit made asyncio log an error per attempt and starved
+  every client). A connection over the cap is closed as soon as it is accepted.
+- **Every connection has a deadline while the server waits on the client**: the request's
+  headers must be complete within ``header_timeout_s`` of its first byte (or of the connection),
+  its body within ``body_timeout_s``; between requests uvicorn's keep-alive timeout applies.
+  A client that sends partial headers or a partial body is closed, not kept forever.
+- **A repeated log message is rate-limited** (the first, then one per interval with a count).
+- **A signal ends serving normally.** uvicorn re-raises the signal after its own shutdown,
+  which kills the process before the ledger can let running calls finish, commit, checkpoint
+  and release its lock; here serving just returns and the caller closes the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("toolledger.http.server")
+
+RESERVED_DESCRIPTORS = 64  # for the ledger's files, Kafka and PostgreSQL sockets, logs
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int | None = None  # None: 1,024, and always below the descriptor limit
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 5
+    shutdown_timeout_s: float = 30.0
+
+    def connection_cap(self) -> int:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        ceiling = 1024 if self.max_connections is None else self.max_connections
+        if soft == resource.RLIM_INFINITY:
+            return ceiling
+        return max(1, min(ceiling, soft - RESERVED_DESCRIPTORS))
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with a connection cap and read deadlines (see the module)."""
+
+    cap = 1024
+    header_timeout_s = 10.0
+    body_timeout_s = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._reading_body = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.cap:
+            _refused_over_cap.note(len(self.connections))
+            transport.abort()
+            return
+        self._arm(self.header_timeout_s, body=False)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is h11.IDLE:  # headers not complete yet (perhaps after a keep-alive)
+            if self._deadline is None or self._reading_body:
+                self._arm(self.header_timeout_s, body=False)
+        elif state is h11.SEND_BODY:
+            if not self._reading_body:
+                self._arm(self.body_timeout_s, body=True)
+        else:  # the request is in: the application answers it, bounded by its own waits
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._disarm()
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, *, body: bool) -> None:
+        self._disarm()
+        self._reading_body = body
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            _timed_out.note(1)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True
+            self.transport.close()
+
+
+class _Occurrences:
+    """A message logged at INFO the first time, then at most once per ``every_s`` with the
+    number of times it happened since."""
+
+    def __init__(self, message: str, every_s: float = 10.0) -> None:
+        self.message = message
+        self.every_s = every_s
+        self._count = 0
+        self._last = float("-inf")
+
+    def note(self, detail: int) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            log.info(self.message, extra={"count": self._count, "detail": detail})
+            self._count, self._last = 0, now
+
+
+_refused_over_cap = _Occurrences("connection refused: at the connection cap")
+_timed_out = _Occurrences("connection closed: request headers or body not received in time")
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a message (by logger and text) through once per ``every_s``; the next one that
+    passes says how many were held back."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        last, held = self._seen.get(key, (float("-inf"), 0))
+        if now - last < self.every_s:
+            self._seen[key] = (last, held + 1)
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it)"
+        return True
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Like uvicorn's, without re-raising the signal afterwards (see the module)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def install_log_guards() -> None:
+    """Rate-limit what the event loop and the server log per connection."""
+    guard = RepeatFilter()
+    for name in ("asyncio", "uvicorn.error", "toolledger.http"):
+        logging.getLogger(name).addFilter(guard)
+
+
+async def serve_app(app: Any, host: str, port: int, limits: ConnectionLimits) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT; returns once in-flight requests are answered
+    (bounded by the shutdown timeout)."""
+    cap = limits.connection_cap()
+
+    class Protocol(_GuardedH11):
+        pass
+
+    Protocol.cap, Protocol.header_timeout_s = cap, limits.header_timeout_s
+    Protocol.body_timeout_s = limits.body_timeout_s
+    install_log_guards()
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=Protocol,
+        loop="asyncio",
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=limits.keep_alive_s,
+        timeout_graceful_shutdown=max(1, round(limits.shutdown_timeout_s)),
+    )
+    server = _Server(config)
+    log.info(
+        "listening",
+        extra={"host": host, "port": port, "max_connections": cap},
+    )
+    await server.serve()
