@@ -68,7 +68,11 @@ async def test_sigkill_during_500_calls_with_duplicates_loses_and_doubles_nothin
             async with server.client() as client:
                 window = asyncio.Semaphore(32)
 
-                async def one(key: str, client: httpx.AsyncClient = client) -> None:
+                async def one(
+                    key: str,
+                    client: httpx.AsyncClient = client,
+                    window: asyncio.Semaphore = window,
+                ) -> None:
                     async with window:
                         await _send(client, key)
 
