@@ -45,7 +45,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = Console(soft_wrap=True)  # an error is one line, whatever the width
 
 DataOption = Annotated[
     Path | None,
@@ -329,7 +329,7 @@ def serve(
     try:
         asyncio.run(main())
     except (ConfigError, LedgerFileError) as exc:  # JWKS, JWT settings, policy, ledger file
-        console.print(f"[red]{exc}[/]", soft_wrap=True)
+        console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
 
 
@@ -346,7 +346,7 @@ def init(
     try:
         SqliteLog(path, partitions=partitions, create=True).close()
     except LedgerFileError as exc:
-        console.print(f"[red]{exc}[/]", soft_wrap=True)
+        console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     console.print(f"created an empty ledger with {partitions} partitions: {path}")
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import sqlite3
 from pathlib import Path
 
+from processors.runtime.ledger_file import write_failure
 from processors.tools.registry import ToolRegistry
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
@@ -48,9 +50,11 @@ def load_tools(
     """``helpdesk`` (the shipped example) or ``module:attribute`` naming a registry or a
     zero-argument function that returns one."""
     if spec == "helpdesk":
-        return helpdesk_registry(
-            HelpdeskStore(helpdesk_db), timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
-        )
+        try:
+            store = HelpdeskStore(helpdesk_db)
+        except sqlite3.Error as exc:  # e.g. a read-only data directory: one line, no trace
+            raise ConfigError(str(write_failure(helpdesk_db, exc))) from None
+        return helpdesk_registry(store, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s)
     module_name, _, attribute = spec.partition(":")
     if not attribute:
         raise ConfigError(f"--tools must be 'helpdesk' or 'module:attribute', got {spec!r}")

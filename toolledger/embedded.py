@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sqlite3
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -103,19 +102,18 @@ class EmbeddedLedger:
         return self
 
     def writable(self) -> bool:
-        """Whether the ledger can commit now: a probe write at most once a second (readiness
-        must fail on a full disk or a read-only file system before any call does)."""
+        """Whether the ledger can commit now: the last write succeeded, and a probe write
+        does (at most once a second)."""
+        assert self.runtime is not None, "start() the ledger first"
         now = time.monotonic()
         if now - self._probed_at >= PROBE_INTERVAL_S:
             self._probed_at = now
-            try:
-                assert self.log is not None, "start() the ledger first"
-                self.log.probe()
-                self._writable = True
-            except sqlite3.Error as exc:
-                if self._writable:
-                    log.warning("the ledger cannot commit", extra={"error": str(exc)})
-                self._writable = False
+            ok = self.runtime.writable()
+            if ok != self._writable:
+                log.warning("the ledger can commit" if ok else "the ledger cannot commit")
+            self._writable = ok
+        elif self.runtime.failing:
+            self._writable = False
         return self._writable
 
     async def send(self, intent: Event) -> None:

@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the
 log = logging.getLogger("toolledger.mcp")
 
 TOKEN_ENV = "TOOLLEDGER_MCP_TOKEN"
-_err = Console(stderr=True)
+_err = Console(stderr=True, soft_wrap=True)
 
 
 class Transport(StrEnum):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import Callable, Sequence
 
 from processors.pipeline import Stages
@@ -36,6 +37,7 @@ class _Writer:
             tuple[CommitBatch, list[tuple[bytes, bytes]], asyncio.Future[None]]
         ] = []
         self._wakeup = asyncio.Event()
+        self.failing = False  # the last write failed (a full disk, a read-only file system)
 
     async def append(self, partition: int, key: bytes, value: bytes) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -68,7 +70,9 @@ class _Writer:
                 self._log.write(
                     [(p, k, v) for p, k, v, _ in intents], [(b, e) for b, e, _ in batches]
                 )
+                self.failing = False
             except Exception as exc:
+                self.failing = True
                 for future in futures:
                     if not future.done():
                         future.set_exception(exc)
@@ -132,6 +136,21 @@ class EmbeddedRuntime:
         )
         await worker.start()
         return worker
+
+    def writable(self) -> bool:
+        """Whether the ledger can commit: the last write succeeded and a probe write does now
+        (readiness must fail on a full disk or a read-only file system)."""
+        try:
+            self.log.probe()
+        except sqlite3.Error:
+            self._writer.failing = True
+            return False
+        self._writer.failing = False
+        return True
+
+    @property
+    def failing(self) -> bool:
+        return self._writer.failing
 
     async def send(self, intent: Event) -> None:
         """Append an intent (or an operator's decision); returns once it is durable."""

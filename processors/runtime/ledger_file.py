@@ -10,6 +10,7 @@ directory. Every refusal is one line that names the file and says what to do.
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def write_failure(path: Path, exc: BaseException) -> LedgerFileError:
     """One line for a start that could not write: what happened and what to do."""
     text = str(exc)
     errno_ = getattr(exc, "errno", None)
-    if "readonly" in text or "read-only" in text or errno_ in (errno.EROFS, errno.EACCES):
+    read_only = errno_ in (errno.EROFS, errno.EACCES) or not os.access(path.parent, os.W_OK)
+    if read_only or "readonly" in text or "read-only" in text:
         advice = "the file or its directory is read-only: make both writable"
     elif "full" in text or errno_ == errno.ENOSPC:
         advice = "the disk is full: free space and start again"

@@ -36,12 +36,12 @@ class EmbeddedServe:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *more: str, wait: bool = True) -> Process:
+    def start(self, *more: str, wait: bool = True, max_files: int | None = None) -> Process:
         self.runs += 1
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--data", str(self.data), "--tokens", str(self.workdir / "tokens.json")]
         args += [*self.extra, *more]
-        self.process = spawn(f"serve-{self.runs}", args, self.workdir)
+        self.process = spawn(f"serve-{self.runs}", args, self.workdir, max_files=max_files)
         if wait:
             self.wait_ready()
         return self.process

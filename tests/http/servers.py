@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import sqlite3
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +96,16 @@ class Process:
                 self.popen.wait(timeout=20)
 
 
-def spawn(name: str, args: list[str], workdir: Path, env: dict[str, str] | None = None) -> Process:
+def spawn(
+    name: str,
+    args: list[str],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    max_files: int | None = None,
+) -> Process:
+    """``toolledger ARGS`` with its output in ``workdir/NAME.log``; ``max_files``: its
+    descriptor limit (RLIMIT_NOFILE)."""
     log_path = workdir / f"{name}.log"
     spans = {"TOOLLEDGER_SPANS_FILE": str(log_path.with_suffix(".spans.jsonl"))}
     command = [sys.executable, "-m", "toolledger.cli", "--log-level", "INFO", *args]
@@ -105,8 +116,16 @@ def spawn(name: str, args: list[str], workdir: Path, env: dict[str, str] | None 
             env=dict(os.environ, **spans, **(env or {})),
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            preexec_fn=None if max_files is None else _limit_files(max_files),
         )
     return Process(name, popen, log_path)
+
+
+def _limit_files(count: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+    return limit
 
 
 def wait_for_file(process: Process, path: Path, timeout_s: float = 90.0) -> None:
