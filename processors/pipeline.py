@@ -69,7 +69,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_of, check_idempotency_key
+from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
 
@@ -401,7 +401,7 @@ class Stages:
             principal=ctx.principal,
             tool=tool.name,
             call_key=ctx.call_key,
-            call_id=call_id_of(ctx.call_key),
+            call_id=call_id_for(ctx.call_key, ctx.idempotency_key, ctx.intent_id),
             idempotency_key=ctx.idempotency_key,
             attempt=attempt,
             deadline=self.clock.now() + timedelta(seconds=tool.timeout_s),

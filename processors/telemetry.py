@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from processors.ledger.state import CallContext
-from schemas.keys import call_id_of
+from schemas.keys import call_id_for
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
@@ -87,7 +87,7 @@ def call_attributes(ctx: CallContext) -> dict[str, str]:
         "toolledger.tool": ctx.tool,
         "toolledger.tool_version": ctx.tool_version,
         "toolledger.idempotency_key": ctx.idempotency_key,
-        "toolledger.call_id": call_id_of(ctx.call_key),
+        "toolledger.call_id": call_id_for(ctx.call_key, ctx.idempotency_key, ctx.intent_id),
         "toolledger.intent_id": ctx.intent_id,
     }
     if ctx.run_id is not None:

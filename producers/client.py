@@ -34,7 +34,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_of, check_idempotency_key
+from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 from schemas.status import CallStatus
 
 DEFAULT_WAIT_S = 10.0
@@ -153,7 +153,8 @@ class LedgerClient:
         """
         key = idempotency_key or ""
         call_key = str(CallKey(context.tenant_id, tool, key))
-        call_id = call_id_of(call_key)
+        intent_id = uuid.uuid4().hex
+        call_id = call_id_for(call_key, key, intent_id)
         if idempotency_key is not None:
             try:
                 check_idempotency_key(idempotency_key)
@@ -190,7 +191,6 @@ class LedgerClient:
                 f"The arguments exceed {self._max_argument_bytes} bytes.",
                 call_id,
             )
-        intent_id = uuid.uuid4().hex
         intent = ToolCallRequested(
             envelope=Envelope(
                 event_id=f"{intent_id}/requested/1",
@@ -319,7 +319,7 @@ def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:
 def result_of(event: Event) -> CallResult:
     """The caller's view of the event that answered its intent."""
     base: dict[str, Any] = {
-        "call_id": call_id_of(event.call_key),
+        "call_id": call_id_for(event.call_key, event.envelope.idempotency_key, event.intent_id),
         "intent_id": event.intent_id,
         "event": event,
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 from processors.ledger import CallState, fold
 from schemas.events import Event
-from schemas.keys import call_id_of
+from schemas.keys import call_id_for, call_id_of
 
 CALL_COLUMNS = (
     "call_id",
@@ -99,7 +99,7 @@ def event_row(event: Event, position: Position) -> dict[str, Any]:
         "event_id": env.event_id,
         "log_partition": position.partition,
         "log_offset": position.offset,
-        "call_id": call_id_of(env.call_key),
+        "call_id": call_id_for(env.call_key, env.idempotency_key, env.intent_id),
         "call_key": env.call_key,
         "tenant_id": env.tenant_id,
         "tool_name": env.tool,

@@ -122,6 +122,15 @@ def partition_for(key_bytes: bytes, partitions: int) -> int:
 
 
 @lru_cache(maxsize=65536)
+def call_id_for(call_key: str, idempotency_key: str, intent_id: str) -> str:
+    """The public id of a call: a keyed call's names its key (every intent with the key is the
+    same call); an unkeyed (read-only) call's names its intent, so each read is a call of its
+    own that can be looked up by its id."""
+    if idempotency_key:
+        return call_id_of(call_key)
+    return call_id_of(f"{call_key}#{intent_id}")
+
+
 def call_id_of(call_key: str) -> str:
     """The call id of an encoded call key (cached: it is asked for several times per call)."""
     return "call_" + hashlib.sha256(call_key.encode("utf-8")).hexdigest()[:32]

@@ -21,12 +21,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.client import CallResult, LedgerClient, TrustedContext, result_of
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http import governance
 from producers.http.auth import Authenticator, AuthFailure, TokenStore, failure_counter
 from producers.http.governance import RunBudget, SwitchCache
-from producers.http.headers import idempotency_key, wait_seconds
+from producers.http.headers import (
+    JsonBodyError,
+    ambiguity,
+    idempotency_key,
+    strict_json,
+    wait_seconds,
+)
 from producers.http.metrics import Metrics
 from producers.http.problems import Problem, page, problem
 from producers.http.ratelimit import RateLimiter, Refusal
@@ -41,9 +47,9 @@ from producers.http.responses import (
     validation_failed,
 )
 from schemas.calls import CallFilter, CallQueries, CallView, decode_cursor
-from schemas.errors import ErrorCode
-from schemas.events import ApprovalRequested
-from schemas.keys import CallKey, InvalidIdempotencyKey
+from schemas.errors import ErrorCode, ErrorInfo
+from schemas.events import EVENTS_BY_TYPE, ApprovalRequested
+from schemas.keys import InvalidIdempotencyKey
 from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.http")
@@ -263,6 +269,20 @@ class _AnswerErrors:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        ambiguous = ambiguity(scope["headers"])
+        if ambiguous is not None:  # refused before any route reads it: nothing can run
+            refused = problem_response(
+                problem(
+                    ErrorInfo.of(
+                        ErrorCode.VALIDATION_FAILED,
+                        ambiguous,
+                        suggested_action="Send each of these headers once, and a body framed "
+                        "one way; then call again.",
+                    )
+                )
+            )
+            await refused(scope, receive, send)
+            return
         try:
             await self.app(scope, receive, tracked)
         except ClientDisconnect:
@@ -375,7 +395,9 @@ def create_app(door: FrontDoor) -> FastAPI:
                 ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {MAX_BODY_BYTES} bytes."
             )
         try:
-            body = CallBody.model_validate_json(raw)
+            body = CallBody.model_validate(strict_json(raw))
+        except JsonBodyError as exc:
+            return error_response(ErrorCode.VALIDATION_FAILED, str(exc))
         except ValidationError as exc:
             return validation_failed("The body is not a valid call:", field_errors(exc.errors()))
         key: str | None = None
@@ -427,11 +449,10 @@ def create_app(door: FrontDoor) -> FastAPI:
         context = authenticate(request)
         if isinstance(context, Response):
             return context
-        view = (
-            await door.queries.get(context.tenant_id, call_id)
-            if CALL_ID.fullmatch(call_id)
-            else None
-        )
+        view = None
+        if CALL_ID.fullmatch(call_id):
+            view = await door.queries.get(context.tenant_id, call_id)
+            view = view or await _read_only_view(door, context.tenant_id, call_id)
         if view is None:  # another tenant's call is not found, never forbidden
             return not_found("No call with this id.", _NO_CALL)
         return Response(_view_bytes(view), media_type=JSON)
@@ -536,7 +557,7 @@ async def _answer(
     result: CallResult,
     wait: float,
 ) -> Response:
-    call_id = CallKey(context.tenant_id, tool, key or "").call_id
+    call_id = result.call_id
     if result.rejected:
         assert result.error is not None
         retry_after = RETRY_AFTER.get(result.error.code)
@@ -566,7 +587,8 @@ async def _answer(
         return Response(_view_bytes(view), status_code=202, media_type=JSON, headers=location)
     assert result.event is not None
     if not key:  # read-only: answered, never ledgered
-        return Response(_view_bytes(_transient_view(context, tool, result)), media_type=JSON)
+        view = _transient_view(context.tenant_id, tool, result)
+        return Response(_view_bytes(view), media_type=JSON)
     view = await _projected(door, context.tenant_id, call_id, result.event.event_id)
     if view is None:
         return error_response(
@@ -609,6 +631,20 @@ async def _projected(
     return await door.queries.get(tenant_id, call_id)
 
 
+async def _read_only_view(door: FrontDoor, tenant_id: str, call_id: str) -> CallView | None:
+    """A read-only call has no row of its own (it is answered, never ledgered as a state):
+    its id names its one outcome event in the audit trail."""
+    events = await door.queries.events(tenant_id, call_id)
+    if not events or events[-1].get("envelope", {}).get("idempotency_key"):
+        return None
+    payload = dict(events[-1])
+    event = EVENTS_BY_TYPE[payload.pop("type")].model_validate(payload)
+    result = result_of(event)
+    if result.status is None:
+        return None
+    return _transient_view(event.envelope.tenant_id, event.envelope.tool, result)
+
+
 def _pending_view(
     context: TrustedContext, tool: str, key: str | None, result: CallResult
 ) -> CallView:
@@ -630,13 +666,13 @@ def _pending_view(
     )
 
 
-def _transient_view(context: TrustedContext, tool: str, result: CallResult) -> CallView:
+def _transient_view(tenant_id: str, tool: str, result: CallResult) -> CallView:
     assert result.event is not None
     env = result.event.envelope
     assert result.status is not None
     return CallView(
         call_id=result.call_id,
-        tenant_id=context.tenant_id,
+        tenant_id=tenant_id,
         tool=tool,
         tool_version=env.tool_version,
         idempotency_key="",

@@ -119,20 +119,29 @@ class RawResponse:
 
 
 async def raw_request(
-    base_url: str, head: list[bytes], body: bytes, *, tool: str = "create_ticket"
+    base_url: str,
+    head: list[bytes],
+    body: bytes,
+    *,
+    tool: str = "create_ticket",
+    standard: bool = True,
 ) -> RawResponse:
     """One HTTP/1.1 request written byte for byte (as ACME), so no client library merges,
-    trims or refuses header lines."""
+    trims or refuses header lines. ``standard=False``: only Host and Connection besides
+    ``head`` (no Authorization, Content-Type or Content-Length of its own)."""
     url = urlsplit(base_url)
     assert url.hostname is not None and url.port is not None
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
     try:
-        lines = [
-            f"POST {calls_path(tool)} HTTP/1.1".encode(),
-            f"Host: {url.netloc}".encode(),
+        usual = [
             f"Authorization: Bearer {ACME.token}".encode(),
             b"Content-Type: application/json",
             f"Content-Length: {len(body)}".encode(),
+        ]
+        lines = [
+            f"POST {calls_path(tool)} HTTP/1.1".encode(),
+            f"Host: {url.netloc}".encode(),
+            *(usual if standard else []),
             b"Connection: close",
             *head,
         ]
