@@ -72,6 +72,8 @@ class CommitBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)
     switches: dict[str, Switch] = field(default_factory=dict)
+    # offsets past next_offset already answered (None: unchanged since the last batch)
+    answered: list[int] | None = None
 
 
 class PartitionStore(Protocol):
@@ -114,6 +116,10 @@ class _Watermark:
         while self._inflight and self._inflight[0][1]:
             self.position = max(self.position, int(self._inflight.popleft()[0]) + 1)
 
+    def answered(self) -> list[int]:
+        """Offsets past the position that are fully processed (an earlier one still runs)."""
+        return [int(offset) for offset, done in self._inflight if done]
+
 
 class PartitionWorker:
     def __init__(
@@ -149,6 +155,8 @@ class PartitionWorker:
         self._background: list[asyncio.Task[None]] = []
         self._sweeping: set[str] = set()
         self._unknown: set[str] = set()  # keys in UNKNOWN: what the sweeper looks at
+        self._answered: set[int] = set()
+        self._stored_answered: list[int] = []
 
     @property
     def position(self) -> int:
@@ -162,6 +170,10 @@ class PartitionWorker:
         snapshot = await self._store.load(self.partition)
         self.states, self.approvals = snapshot.states, snapshot.approvals
         self.switches = snapshot.switches
+        # Answered before a crash or a takeover, though an earlier offset was still running:
+        # not decided again on the re-read (a refusal could otherwise run after all).
+        self._answered = {o for o in snapshot.answered if o >= self.position}
+        self._stored_answered = sorted(self._answered)
         recovered: list[Event] = []
         now = self._stages.clock.now()
         for key, state in list(self.states.items()):
@@ -204,6 +216,10 @@ class PartitionWorker:
         except ValueError:
             self._sem.release()
             raise
+        if offset in self._answered:  # its answer is on the log already
+            self._answered.discard(offset)
+            self._spawn(f"answered:{offset}", self.commit((), offset))
+            return
         intent = self._decode(offset, value)
         if isinstance(intent, DeadLetter):
             self._spawn(f"dead:{offset}", self._dead_letter(intent))
@@ -343,6 +359,9 @@ class PartitionWorker:
                 if item.done_offset is not None:
                     self._watermark.done(item.done_offset)
             batch.next_offset = self._watermark.position
+            answered = self._watermark.answered()
+            if answered != self._stored_answered:
+                batch.answered = answered
             try:
                 await self._store.commit(batch)
             except BaseException as exc:
@@ -359,6 +378,8 @@ class PartitionWorker:
                     extra={"partition": self.partition, "error": type(exc).__name__},
                 )
                 return
+            if batch.answered is not None:
+                self._stored_answered = batch.answered
             for item in pending:
                 if not item.future.done():
                     item.future.set_result(None)

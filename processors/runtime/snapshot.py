@@ -7,6 +7,7 @@ these pairs to the compacted state topic, the embedded store to SQLite tables.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 APPROVALS_PREFIX = "approvals:"
 SWITCH_PREFIX = "switch:"
+ANSWERED_KEY = "answered:"  # input offsets past the position that are already answered
 
 
 @dataclass(slots=True)
@@ -28,10 +30,13 @@ class Snapshot:
     states: dict[str, CallState] = field(default_factory=dict)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
+    answered: frozenset[int] = frozenset()
 
     def restore(self, key: str, value: str | bytes) -> None:
         """Take one stored pair back (a later pair for the same key replaces the earlier)."""
-        if key.startswith(APPROVALS_PREFIX):
+        if key == ANSWERED_KEY:
+            self.answered = frozenset(int(o) for o in json.loads(value))
+        elif key.startswith(APPROVALS_PREFIX):
             self.approvals[key.removeprefix(APPROVALS_PREFIX)] = ApprovalBook.model_validate_json(
                 value
             )
@@ -42,8 +47,10 @@ class Snapshot:
 
 
 def governance_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
-    """The batch's approval books and switches as stored pairs."""
+    """The batch's approval books, switches and answered offsets as stored pairs."""
     for key, book in batch.approvals.items():
         yield APPROVALS_PREFIX + key, book.model_dump_json()
     for key, switch in batch.switches.items():
         yield SWITCH_PREFIX + key, switch.model_dump_json()
+    if batch.answered is not None:
+        yield ANSWERED_KEY, json.dumps(batch.answered)

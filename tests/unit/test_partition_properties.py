@@ -90,7 +90,10 @@ class MemoryStore:
 
     async def load(self, partition: int) -> Snapshot:
         return Snapshot(
-            dict(self.states), dict(self.snapshot.approvals), dict(self.snapshot.switches)
+            dict(self.states),
+            dict(self.snapshot.approvals),
+            dict(self.snapshot.switches),
+            self.snapshot.answered,
         )
 
     async def commit(self, batch: CommitBatch) -> None:
@@ -102,6 +105,8 @@ class MemoryStore:
         self.states.update(batch.states)
         self.snapshot.approvals.update(batch.approvals)
         self.snapshot.switches.update(batch.switches)
+        if batch.answered is not None:
+            self.snapshot.answered = frozenset(batch.answered)
         if batch.next_offset is not None:
             self.position = batch.next_offset
 
@@ -325,3 +330,69 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     assert grant.token_digest == token_digest(token)
     answered = {e.intent_id for e in store.outcomes if answers_intent(e)}
     assert {decode(record).intent_id for record in log} <= answered
+
+
+def test_a_refusal_read_again_after_a_crash_gives_its_first_answer() -> None:
+    """An intent refused while an earlier one still runs is past the committed position; a
+    crash then makes a new owner read it again. It must not be decided again: the switch that
+    refused it is back on by then, so it would run although its caller was told no."""
+    downstream = Downstream()
+    release = asyncio.Event()
+
+    async def held(args: Args, ctx: ToolContext) -> Done:
+        if ctx.idempotency_key == "slow":
+            await release.wait()
+        return await downstream.handler(args, ctx)
+
+    registry = ToolRegistry()
+    registry.register(
+        Tool(
+            name="op",
+            version="1",
+            arguments=Args,
+            result=Done,
+            handler=held,
+            reconcile=downstream.reconcile,
+            timeout_s=30,
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+    stages = Stages(registry, Redactor(b"k" * 32))
+    log = [
+        _intent("slow", {"value": 1}),
+        _switch(False),
+        _intent("b", {"value": 1}),
+        _switch(True),
+    ]
+
+    async def scenario() -> MemoryStore:
+        store = MemoryStore()
+        first = PartitionWorker(0, 0, store, stages, epoch=1, concurrency=8)
+        await first.start()
+        async def fed(offset: int, committed: str) -> None:
+            await first.feed(offset, log[offset])
+            for _ in range(500):
+                if any(committed == e.TYPE for e in store.outcomes):
+                    return
+                await asyncio.sleep(0.01)
+
+        await fed(0, "ToolCallStarted")  # "slow" runs (its handler is held)
+        await fed(1, "ToolDisabled")
+        await fed(2, "ToolCallRejected")  # b is refused while "slow" still runs
+        await fed(3, "ToolEnabled")
+        assert store.position == 0
+        await first.stop()  # the crash: "slow" never finishes here
+        release.set()
+        second = PartitionWorker(0, store.position, store, stages, epoch=2, concurrency=8)
+        await second.start()
+        for offset in range(store.position, len(log)):
+            await second.feed(offset, log[offset])
+        await second.drain()
+        await second.stop()
+        return store
+
+    store = asyncio.run(scenario())
+    answers = [e for e in store.outcomes if e.envelope.idempotency_key == "b"]
+    assert [e.TYPE for e in answers] == ["ToolCallRejected"], [e.TYPE for e in answers]
+    assert downstream.effects["b"] == 0
+    assert store.position == len(log)
