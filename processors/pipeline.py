@@ -321,6 +321,18 @@ class Stages:
             )
             await run.commit(outcome.events, final=True)
 
+    async def run_door_refusal(self, refusal: ToolCallRejected, port: CallPort) -> None:
+        """A refusal the front door gave itself (rate limit, switch, run budget, scope): into
+        the audit trail as it is. A rejection changes no call state: the key stays unused."""
+        env = refusal.envelope
+        with tracing.traced_run("door_refusal", port, env) as run:
+            consistent = env.call_key == str(
+                CallKey(env.tenant_id, env.tool, env.idempotency_key)
+            ) and env.event_id == f"{env.intent_id}/rejected/1"
+            if not consistent:  # never recorded under another call's key
+                log.warning("a front-door refusal with a foreign call key was dropped")
+            await run.commit([refusal] if consistent else [], final=True)
+
     async def run_switch(self, change: SwitchEvent, port: CallPort, partition: int) -> None:
         with tracing.traced_run("switch", port, change.envelope, partition=partition) as run:
             await run.commit(

@@ -42,6 +42,7 @@ MAX_WAIT_S = 60.0
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 # how long a caller whose wait ran out waits on for the executor to decide its intent
 DECISION_WAIT_S = 10.0
+MAX_REFUSALS_IN_FLIGHT = 256
 
 # (call_id, intent_id) -> whether another intent with the same arguments holds the key, running
 QueuedProbe = Callable[[str, str], Awaitable[bool]]
@@ -129,6 +130,8 @@ class LedgerClient:
         self._transport = transport
         self._default_wait_s = default_wait_s
         self._max_argument_bytes = max_argument_bytes
+        self._refusals: set[asyncio.Task[None]] = set()
+        self.refusals_shed = 0  # front-door refusals not put in the audit trail (overload)
 
     async def call(
         self,
@@ -289,6 +292,54 @@ class LedgerClient:
             finally:
                 started.cancel()
             step = min(step * 2, 0.2)
+
+    def record_refusal(
+        self,
+        tool: str,
+        idempotency_key: str | None,
+        context: TrustedContext,
+        error: ErrorInfo,
+        *,
+        run_id: str | None = None,
+        step_id: str | None = None,
+    ) -> None:
+        """Put a refusal the front door gave itself (rate limit, kill switch, run budget,
+        scope) in the audit trail: a ``ToolCallRejected`` appended to the log, which the
+        executor records as it is. It changes no state, so the key stays unused. Sent in the
+        background, at most ``MAX_REFUSALS_IN_FLIGHT`` at once: a flood of refusals is shed
+        (and counted), not turned into a flood of writes."""
+        if len(self._refusals) >= MAX_REFUSALS_IN_FLIGHT:
+            self.refusals_shed += 1
+            return
+        key = idempotency_key or ""
+        intent_id = uuid.uuid4().hex
+        record = ToolCallRejected(
+            envelope=Envelope(
+                event_id=f"{intent_id}/rejected/1",
+                call_key=str(CallKey(context.tenant_id, tool, key)),
+                tenant_id=context.tenant_id,
+                tool=tool,
+                tool_version="",
+                idempotency_key=key,
+                args_digest="",
+                intent_id=intent_id,
+                run_id=run_id,
+                step_id=step_id,
+                principal=context.principal,
+                occurred_at=datetime.now(UTC),
+                trace_id=context.trace_id,
+            ),
+            error=error,
+        )
+        task = asyncio.create_task(self._send_refusal(record))
+        self._refusals.add(task)
+        task.add_done_callback(self._refusals.discard)
+
+    async def _send_refusal(self, record: ToolCallRejected) -> None:
+        try:
+            await self._transport.send(record)
+        except TransportError:
+            self.refusals_shed += 1
 
     async def command(
         self, record: Event, *, broadcast: bool = False, wait: float | None = None

@@ -176,7 +176,7 @@ class _Server(uvicorn.Server):
 def install_log_guards() -> None:
     """Rate-limit what the event loop and the server log per connection."""
     guard = RepeatFilter()
-    for name in ("asyncio", "uvicorn.error", "toolledger.http"):
+    for name in ("asyncio", "uvicorn.error"):  # per connection, not per request
         logging.getLogger(name).addFilter(guard)
 
 

@@ -59,8 +59,23 @@ class DeadLetter:
 
 
 # What the intents stream carries: calls, and operators' decisions and switches.
-Inbound = ToolCallRequested | ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled
-_INBOUND = (ToolCallRequested, ApprovalGranted, ApprovalDenied, ToolDisabled, ToolEnabled)
+# (A ToolCallRejected there is a refusal the front door gave itself, for the audit trail.)
+Inbound = (
+    ToolCallRequested
+    | ApprovalGranted
+    | ApprovalDenied
+    | ToolDisabled
+    | ToolEnabled
+    | ToolCallRejected
+)
+_INBOUND = (
+    ToolCallRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    ToolDisabled,
+    ToolEnabled,
+    ToolCallRejected,
+)
 
 
 @dataclass(slots=True)
@@ -232,6 +247,9 @@ class PartitionWorker:
             return
         if isinstance(intent, ApprovalGranted | ApprovalDenied):
             self._spawn(intent.call_key, self._stages.run_approval_decision(intent, port))
+            return
+        if isinstance(intent, ToolCallRejected):
+            self._spawn(intent.intent_id, self._stages.run_door_refusal(intent, port))
             return
         chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
         if chain in self._tails and self._refused_now(intent):

@@ -230,7 +230,7 @@ def _unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) ->
 
 def _rate_limited(
     door: FrontDoor, context: TrustedContext, tool: str, refusal: Refusal
-) -> Response:
+) -> tuple[Response, ErrorInfo]:
     """429 before anything is appended, counted and logged."""
     door.metrics.rejections.labels(tool, ErrorCode.RATE_LIMITED.value).inc()
     door.metrics.calls.labels(tool, "REJECTED", "429").inc()
@@ -243,11 +243,11 @@ def _rate_limited(
             "retry_after_s": refusal.retry_after_s,
         },
     )
-    return error_response(
-        ErrorCode.RATE_LIMITED,
-        f"{refusal.detail} Retry in {refusal.retry_after_s} s.",
-        headers={"Retry-After": str(refusal.retry_after_s)},
+    error = ErrorInfo.of(
+        ErrorCode.RATE_LIMITED, f"{refusal.detail} Retry in {refusal.retry_after_s} s."
     )
+    headers = {"Retry-After": str(refusal.retry_after_s)}
+    return problem_response(problem(error), headers), error
 
 
 class _AnswerErrors:
@@ -413,18 +413,27 @@ def create_app(door: FrontDoor) -> FastAPI:
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
                     f"{tool} changes something: send an Idempotency-Key header.",
                 )
+        def audited(error: ErrorInfo) -> ErrorInfo:
+            """A refusal of the front door's own, in the audit trail (the key stays unused)."""
+            door.client.record_refusal(
+                tool, key, context, error, run_id=body.run_id, step_id=body.step_id
+            )
+            return error
+
         missing = sorted(set(info.manifest.get("scopes", ())) - context.scopes)
         if missing:  # before the limits and pre-checks, which would tell it more
             door.metrics.rejections.labels(tool, ErrorCode.FORBIDDEN.value).inc()
             message = f"{tool} needs the scope(s) {missing}, which this caller lacks."
-            return error_response(ErrorCode.FORBIDDEN, message)
+            return problem_response(problem(audited(ErrorInfo.of(ErrorCode.FORBIDDEN, message))))
         if door.limiter is not None:
             refusal = door.limiter.acquire(context.tenant_id, tool)
             if refusal is not None:  # nothing appended: the key stays unused
-                return _rate_limited(door, context, tool, refusal)
+                response, error = _rate_limited(door, context, tool, refusal)
+                audited(error)
+                return response
         refused = await governance.precheck(door, context, tool, key, body.run_id)
         if refused is not None:
-            after = RETRY_AFTER.get(refused.code)
+            after = RETRY_AFTER.get(audited(refused).code)
             return problem_response(problem(refused), {"Retry-After": after} if after else None)
         wait = wait_seconds(request.headers.getlist("prefer"))
         result = await door.client.call(

@@ -178,13 +178,17 @@ def admission(door: FrontDoor) -> Callable[..., Awaitable[ErrorInfo | None]]:
     async def admit(
         context: TrustedContext, tool: str, key: str | None, run_id: str | None
     ) -> ErrorInfo | None:
+        refused: ErrorInfo | None = None
         if door.limiter is not None:
-            refused = door.limiter.acquire(context.tenant_id, tool)
-            if refused is not None:
+            limited = door.limiter.acquire(context.tenant_id, tool)
+            if limited is not None:
                 door.metrics.rejections.labels(tool, ErrorCode.RATE_LIMITED.value).inc()
-                message = f"{refused.detail} Retry in {refused.retry_after_s} s."
-                return ErrorInfo.of(ErrorCode.RATE_LIMITED, message)
-        return await precheck(door, context, tool, key, run_id)
+                message = f"{limited.detail} Retry in {limited.retry_after_s} s."
+                refused = ErrorInfo.of(ErrorCode.RATE_LIMITED, message)
+        refused = refused or await precheck(door, context, tool, key, run_id)
+        if refused is not None:  # in the audit trail; the key stays unused
+            door.client.record_refusal(tool, key, context, refused, run_id=run_id)
+        return refused
 
     return admit
 

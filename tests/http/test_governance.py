@@ -19,6 +19,7 @@ from tests.http.helpers import (
     post_call,
 )
 from tests.http.servers import GLOBEX, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
+from tests.http.test_door_refusals import door_refusals
 
 CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
 
@@ -288,6 +289,8 @@ async def test_a_run_that_repeats_one_failure_is_stopped(
     problem = assert_problem(stopped, 422, "RETRY_LIMIT_EXCEEDED")
     assert "human" in problem["suggested_action"] and problem["retryable"] is False
     assert server.effects_with_key(key + "-b") == 0
+    audited = await door_refusals(client, "flaky_write", key + "-b")  # in the audit trail
+    assert "RETRY_LIMIT_EXCEEDED" in {e["error"]["code"] for e in audited}
     # retrying a failed key of the run is a new round: refused too
     assert_problem(
         await post_call(client, "flaky_write", failing, key=f"{key}-0", run_id=run),
