@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from processors.ledger import CallState
@@ -209,27 +212,58 @@ class SqliteCalls(governance.GovernanceReads):
 
     dialect = governance.SQLITE
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, path: Path | None = None) -> None:
+        """``conn``: the ledger's connection, for the indexed lookups by id and key. With the
+        ledger file's ``path``, the governance views (approvals, stats, switches, budgets),
+        which scan the audit trail, are read in a thread on a read-only connection of their
+        own, so a large ledger never stalls the event loop (WAL: readers do not block the
+        writer)."""
         self._conn = conn
+        self._path = path
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
 
     async def _read(self, *queries: governance.Query) -> list[list[dict[str, Any]]]:
-        # no await between them: nothing is written in between, one snapshot
-        return [self._rows(sql, params) for sql, params in queries]
+        if self._path is None:
+            # no await between them: nothing is written in between, one snapshot
+            return [self._rows(self._conn, sql, params) for sql, params in queries]
+        return await asyncio.to_thread(self._read_in_thread, queries)
 
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        cursor = self._conn.execute(sql, params)
+    def _read_in_thread(self, queries: Sequence[governance.Query]) -> list[list[dict[str, Any]]]:
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(
+                    f"file:{self._path}?mode=ro", uri=True, check_same_thread=False
+                )
+            self._reader.execute("BEGIN")  # one snapshot for all the queries
+            try:
+                return [self._rows(self._reader, sql, params) for sql, params in queries]
+            finally:
+                self._reader.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    @staticmethod
+    def _rows(
+        conn: sqlite3.Connection, sql: str, params: Sequence[Any]
+    ) -> list[dict[str, Any]]:
+        cursor = conn.execute(sql, params)
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor]
 
     async def get(self, tenant_id: str, call_id: str) -> CallView | None:
-        rows = self._rows(search.get_sql("?"), (tenant_id, call_id))
+        rows = self._rows(self._conn, search.get_sql("?"), (tenant_id, call_id))
         return CallView.from_row(rows[0]) if rows else None
 
     async def search(
         self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
     ) -> Page:
         sql, params = search.search_sql("?", tenant_id, where, limit, after)
-        return search.page_of(self._rows(sql, params), limit)
+        return search.page_of(self._rows(self._conn, sql, params), limit)
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
         rows = self._conn.execute(search.events_sql("?"), (tenant_id, call_id)).fetchall()

@@ -171,7 +171,11 @@ async def embedded_door(
                 "ledger_writable": ledger.writable(),
             }
 
-        yield door(ledger.client, SqliteCalls(ledger.log.conn), ready)
+        calls = SqliteCalls(ledger.log.conn, path=ledger_file)
+        try:
+            yield door(ledger.client, calls, ready)
+        finally:
+            calls.close()
 
 
 @contextlib.asynccontextmanager

@@ -13,6 +13,7 @@ import itertools
 import json
 import re
 import sqlite3
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
@@ -978,3 +979,37 @@ def test_approval_cursor_round_trip_and_garbage() -> None:
         with pytest.raises(ValueError):
             decode_approval_cursor(bad)
     assert json.loads(json.dumps(view.to_json()))["id"] == "ap/ü"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+async def test_reads_off_the_event_loop_answer_the_same(
+    scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the file's path, the governance views are read in a thread on a read-only
+    connection of their own: the same answers as on the loop, and never on its thread."""
+    path = tmp_path / "views.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(sqlite_projection.DDL)
+
+    async def load(batch: Batch) -> None:
+        sqlite_load(conn, batch)
+
+    await scenario.run(SqliteCalls(conn), load)
+    threads: set[int] = set()
+    rows = SqliteCalls._rows
+
+    def recording(c: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:
+        threads.add(threading.get_ident())
+        return rows(c, sql, params)
+
+    monkeypatch.setattr(SqliteCalls, "_rows", staticmethod(recording))
+    off_loop = SqliteCalls(conn, path=path)
+    try:
+        assert await snapshot(off_loop) == await snapshot(SqliteCalls(conn))
+        threads.clear()
+        await snapshot(off_loop)
+        assert threads and threading.get_ident() not in threads
+    finally:
+        off_loop.close()
+        conn.close()
