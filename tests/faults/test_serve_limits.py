@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.faults.serve import EmbeddedServe
+from tests.http.servers import ACME
 
 FD_LIMIT = 256
 IDLE = 300
@@ -216,3 +217,29 @@ def test_a_read_only_data_directory_is_refused_with_one_line(tmp_path: Path) -> 
 def _no_mount_left(tmp_path: Path) -> Iterator[None]:
     yield
     subprocess.run(["umount", "-l", str(tmp_path / "disk")], capture_output=True, check=False)
+
+
+async def test_a_client_gone_mid_body_is_logged_once_at_info(tmp_path: Path) -> None:
+    server = EmbeddedServe.new(tmp_path, "--create")
+    server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /v1/tools/create_ticket/calls HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {ACME.token}\r\n".encode()
+            + b"Idempotency-Key: gone-1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 400\r\n\r\n{\"arguments\": {\"ti"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        writer.close()
+        await writer.wait_closed()
+        answered = await _served(server, "after-gone")
+        assert answered is not None and answered.status_code == 200
+        await asyncio.sleep(0.3)
+        log = server.process.log(200_000) if server.process else ""
+        assert "Traceback" not in log and '"level": "error"' not in log, log[-3000:]
+        assert log.count("client disconnected before its request was read") == 1, log[-3000:]
+        assert server.effects("create_ticket", "gone-1") == 0
+    finally:
+        server.stop()
