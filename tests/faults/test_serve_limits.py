@@ -223,7 +223,7 @@ async def test_a_client_gone_mid_body_is_logged_once_at_info(tmp_path: Path) -> 
     server = EmbeddedServe.new(tmp_path, "--create")
     server.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(
             b"POST /v1/tools/create_ticket/calls HTTP/1.1\r\nHost: x\r\n"
             + f"Authorization: Bearer {ACME.token}\r\n".encode()
