@@ -4,6 +4,7 @@ the server (which would drop the keep-alive connection without ``Connection: clo
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 from producers.http.app import _AnswerErrors
@@ -13,12 +14,12 @@ async def test_an_unhandled_error_becomes_a_503_problem_and_is_not_re_raised() -
     async def broken(scope: Any, receive: Any, send: Any) -> None:
         raise RuntimeError("driver said: disk I/O error at /secret/path")
 
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {"type": "http", "method": "GET", "path": "/v1/calls", "headers": []}
