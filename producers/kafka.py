@@ -49,6 +49,14 @@ class KafkaTransport:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    async def reachable(self, timeout_s: float = 2.0) -> bool:
+        """Whether the brokers answer now (a metadata request): an intent could be appended."""
+        try:
+            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), timeout_s)
+        except (KafkaError, TimeoutError, OSError):
+            return False
+        return True
+
     async def start(self) -> None:
         await self._producer.start()
         await self._listener.start()

@@ -202,7 +202,10 @@ async def distributed_door(
                     database = True
                 except Exception:
                     database = False
-                return {"postgres": database, "kafka": transport.running}
+                return {
+                    "postgres": database,
+                    "kafka": transport.running and await transport.reachable(),
+                }
 
             yield door(LedgerClient(transport), calls, ready)
     finally:

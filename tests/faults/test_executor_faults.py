@@ -217,3 +217,34 @@ async def test_sigkill_during_approved_charges_never_uses_a_token_twice(
     stolen = {k: n for (_, tool, k), n in effects.items() if k.startswith("steal-")}
     assert stolen == {}, stolen
     print(f"killed {kills} times")
+
+
+async def test_sigterm_lets_the_executor_finish_a_running_call_and_exit_0(
+    cluster: Cluster, client: LedgerClient
+) -> None:
+    """SIGTERM while a call runs: the executor lets it finish and commit, leaves its group and
+    exits 0; the call is SUCCEEDED with one attempt, never recovered as UNKNOWN."""
+    executor = cluster.spawn()
+    await executor.ready()
+    arguments = {"payload": "term", "fault": "slow", "delay_ms": 1500}
+    first = await client.call(
+        "flaky_write", arguments, idempotency_key="term-1", context=AGENT, wait=0.3
+    )
+    assert first.status is CallStatus.PENDING and first.running, first
+    executor.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(executor.process.wait, 60) == 0, executor.log()[-3000:]
+    successor = cluster.spawn()
+    await successor.ready()
+    done = await client.call(
+        "flaky_write", arguments, idempotency_key="term-1", context=AGENT, wait=30
+    )
+    assert done.status is CallStatus.SUCCEEDED and done.replayed, done
+    assert done.attempts == 1
+    events = await read_outcomes(cluster.services.kafka, cluster.topics)
+    kinds = [e.TYPE for e in events if e.envelope.idempotency_key == "term-1"]
+    assert "ToolCallOutcomeUnknown" not in kinds, kinds
+    store = cluster.store()
+    try:
+        assert store.effect_counts().get(("acme", "flaky_write", "term-1")) == 1
+    finally:
+        store.close()
