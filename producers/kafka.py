@@ -20,7 +20,7 @@ from producers.client import TransportError
 from producers.outcomes import OutcomeHub
 from schemas.codec import CodecError, decode, encode
 from schemas.events import Event
-from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics, partition_key
+from schemas.topics import INTENT_ID_HEADER, Topics, partition_key
 
 log = logging.getLogger("toolledger.producer")
 
@@ -123,11 +123,7 @@ class KafkaTransport:
                 headers = dict(record.headers or ())
                 intent_id = headers.get(INTENT_ID_HEADER, b"").decode()
                 if not self.outcomes.is_waiting(intent_id):
-                    continue
-                if headers.get(ANSWER_HEADER) == b"0":
-                    # not an answer (e.g. Started): the call runs; no need to decode it
-                    self.outcomes.progressed(intent_id)
-                    continue
+                    continue  # decoded only for a caller here (a Started tells it: running)
                 try:
                     event = decode(record.value or b"")
                 except CodecError as exc:

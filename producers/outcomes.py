@@ -1,8 +1,8 @@
 """Waiting callers, resolved by intent id from the outcome stream (no consumer per call).
 
-A waiter learns two things about its intent: that the executor *started* it (a non-answer
-event of the intent was committed, e.g. ``ToolCallStarted``: the call is running and is the
-caller's own), and its *answer*. Both come from the same stream, so a caller can tell a call
+A waiter learns two things about its intent: that the executor *started* it (its
+``ToolCallStarted`` was committed: the call is running and is the caller's own), and its
+*answer*. Both come from the same stream, so a caller can tell a call
 that is running from one that has not been decided yet.
 """
 
@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas.events import Event, answers_intent
+from schemas.events import Event, ToolCallStarted, answers_intent
 
 
 @dataclass(slots=True)
@@ -45,13 +45,9 @@ class OutcomeHub:
                     waiter.started.set()
                     if not waiter.answer.done():
                         waiter.answer.set_result(event)
-            else:
-                self.progressed(event.intent_id)
-
-    def progressed(self, intent_id: str) -> None:
-        """A non-answer event of ``intent_id`` was committed: the executor started it."""
-        for waiter in self._waiters.get(intent_id, ()):
-            waiter.started.set()
+            elif isinstance(event, ToolCallStarted):
+                for waiter in self._waiters.get(event.intent_id, ()):
+                    waiter.started.set()
 
     def is_waiting(self, intent_id: str) -> bool:
         return intent_id in self._waiters
