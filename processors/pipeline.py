@@ -33,6 +33,7 @@ from processors.ledger import (
     DecideApproval,
     Decision,
     Execute,
+    Expire,
     Failure,
     Found,
     FoundFailed,
@@ -260,7 +261,7 @@ class Stages:
                 Submit(
                     context=ctx,
                     arguments_redacted_json=admitted.redacted_json,
-                    policy=admitted.tool.policy,
+                    policy=self.registry.policy(admitted.tool),
                     now=env.occurred_at,
                     epoch=run.epoch,
                     gate=self._gate(intent, admitted, run),
@@ -347,9 +348,25 @@ class Stages:
             if state is None or tool is None:
                 return
             set_call_attributes(run.span, state.context)
-            decision = tracing.traced_decide(state, Sweep(policy=tool.policy, now=self.clock.now()))
+            sweep = Sweep(policy=self.registry.policy(tool), now=self.clock.now())
+            decision = tracing.traced_decide(state, sweep)
             admitted = Admitted(tool, tool.arguments.model_construct(), state.context, "{}")
             await self._drive(admitted, decision, run, by_intent=False)
+
+    async def run_expiry(self, call_key: str, port: CallPort) -> None:
+        """A finished key whose retention may have passed: the core decides, by this
+        executor's clock; the expiry is recorded on the log, so every replay agrees."""
+        with tracing.traced_run("expire", port, None) as run:
+            state = run.state(call_key)
+            tool = self.registry.get(state.context.tool) if state else None
+            if state is None or tool is None:
+                return
+            expire = Expire(
+                policy=self.registry.policy(tool),
+                now=self.clock.now(),
+                approvals=run.approvals(call_key),
+            )
+            await run.commit(tracing.traced_decide(state, expire).events, final=True)
 
     async def _drive(
         self,
@@ -384,7 +401,7 @@ class Stages:
                         outcome=outcome,
                         duration_ms=duration_ms,
                         arguments_redacted_json=admitted.redacted_json,
-                        policy=tool.policy,
+                        policy=self.registry.policy(tool),
                         now=self.clock.now(),
                         epoch=port.epoch,
                     ),
@@ -399,7 +416,7 @@ class Stages:
                         outcome=found,
                         by_intent=by_intent,
                         arguments_redacted_json=admitted.redacted_json,
-                        policy=tool.policy,
+                        policy=self.registry.policy(tool),
                         now=self.clock.now(),
                         epoch=port.epoch,
                         gate=Gate(disabled=_switched_off(port, ctx) if by_intent else None),

@@ -196,6 +196,14 @@ def mcp_description(spec: ToolSpec) -> str:
         "again, also while it is still running; the same key with other arguments is "
         "refused with IDEMPOTENCY_KEY_REUSED. Use a new key only for a new action."
     )
+    retention = spec.manifest.get("key_retention")
+    if retention == "forever":
+        text += " Keys are kept forever."
+    elif isinstance(retention, str):
+        text += (
+            f" A finished call's key is kept for {retention} (ISO 8601) after its outcome; "
+            "after that the same key runs as a new call."
+        )
     note = _APPROVAL_NOTES.get(str(spec.manifest.get("approval")))
     if note is not None:
         text += (
@@ -223,7 +231,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
     manifest = spec.manifest
     meta = {
         f"toolledger.dev/{field}": manifest[field]
-        for field in ("version", "effect", "risk")
+        for field in ("version", "effect", "risk", "key_retention")
         if field in manifest
     }
     return types.Tool(

@@ -39,6 +39,7 @@ from projections.rows import (
     Position,
     call_row,
     event_row,
+    expiries,
     fold_new_events,
 )
 from schemas.calls import (
@@ -229,6 +230,7 @@ _TYPES: Final[Mapping[str, str]] = {
     "occurred_at": "timestamptz",
     "created_at": "timestamptz",
     "updated_at": "timestamptz",
+    "expired_at": "timestamptz",
 }
 _EVENT_TYPES: Final = tuple(_TYPES.get(c, "text") for c in EVENT_COLUMNS)
 _CALL_TYPES: Final = tuple(_TYPES.get(c, "text") for c in CALL_COLUMNS)
@@ -270,8 +272,14 @@ _UPSERT_CALLS_FROM_STAGE: Final = sql.SQL(
     "INSERT INTO tool_calls ({cols}) SELECT {cols} FROM {stage} ORDER BY ord "
     "ON CONFLICT (call_key) DO UPDATE SET {update}"
 ).format(cols=_ids(CALL_COLUMNS), stage=sql.Identifier(_STAGE_CALLS), update=_UPDATE_CALLS)
-_STORED_STATES: Final = (
-    "SELECT call_key, state_json FROM tool_calls WHERE call_key = ANY(%b) FOR UPDATE"
+_STORED_STATES: Final = (  # an expired key's row keeps its last call, but the key is new
+    "SELECT call_key, state_json FROM tool_calls WHERE call_key = ANY(%b) "
+    "AND expired_at IS NULL FOR UPDATE"
+)
+_MARK_EXPIRED: Final = (
+    "UPDATE tool_calls SET expired_at = t.at "
+    "FROM unnest(%b::text[], %b::timestamptz[]) AS t(call_key, at) "
+    "WHERE tool_calls.call_key = t.call_key"
 )
 _UPSERT_POSITIONS: Final = (
     "INSERT INTO projector_positions (consumer, topic, partition, next_offset) "
@@ -398,6 +406,10 @@ class PostgresProjection:
             changed = await self._fold(conn, new_events)
             if changed:
                 await self._upsert_calls(conn, changed)
+            expired = expiries(new_events)
+            if expired:  # after the rows: an expired key's row keeps its last call
+                keys, times = zip(*expired, strict=True)
+                await conn.execute(_MARK_EXPIRED, (list(keys), list(times)))
             if dead_letters:
                 await self._insert_dead_letters(conn, dead_letters)
             if positions:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from processors.ledger import CallState, fold
-from schemas.events import Event
+from processors.ledger import CallState, evolve
+from schemas.events import Event, ToolCallKeyExpired, ToolCallStarted
 from schemas.keys import call_id_for, call_id_of
 
 CALL_COLUMNS = (
@@ -37,6 +38,7 @@ CALL_COLUMNS = (
     "updated_at",
     "last_event_id",
     "state_json",
+    "expired_at",  # set when the key expired; a new call with the key clears it
 )
 EVENT_COLUMNS = (
     "event_id",
@@ -90,6 +92,7 @@ def call_row(call_key: str, state: CallState) -> dict[str, Any]:
         "updated_at": state.updated_at,
         "last_event_id": state.last_event_id,
         "state_json": state.model_dump_json(),
+        "expired_at": None,
     }
 
 
@@ -112,6 +115,19 @@ def event_row(event: Event, position: Position) -> dict[str, Any]:
     }
 
 
+def expiries(events: Iterable[Event]) -> list[tuple[str, datetime]]:
+    """``(call_key, when)`` of the keys whose last word in ``events`` is an expiry (not a new
+    call started after it): their row keeps the finished call and shows when its key expired.
+    Applied after the rows themselves are written."""
+    last: dict[str, datetime | None] = {}
+    for event in events:
+        if isinstance(event, ToolCallKeyExpired):
+            last[event.call_key] = event.envelope.occurred_at
+        elif isinstance(event, ToolCallStarted):
+            last[event.call_key] = None
+    return [(key, when) for key, when in last.items() if when is not None]
+
+
 def fold_new_events(
     stored: Mapping[str, CallState], new_events: Iterable[Event]
 ) -> dict[str, CallState]:
@@ -125,8 +141,11 @@ def fold_new_events(
         by_key.setdefault(event.call_key, []).append(event)
     changed: dict[str, CallState] = {}
     for key, events in by_key.items():
-        before = stored.get(key)
-        after = fold(events, before)
-        if after is not None and after is not before:
-            changed[key] = after
+        before = state = last = stored.get(key)
+        for event in events:
+            state = evolve(state, event)
+            last = state if state is not None else last
+        # a key that expired keeps the record of its last call (marked by ``expiries``)
+        if last is not None and last is not before:
+            changed[key] = last
     return changed

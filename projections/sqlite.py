@@ -17,6 +17,7 @@ from projections.rows import (
     Position,
     call_row,
     event_row,
+    expiries,
     fold_new_events,
 )
 from schemas.calls import (
@@ -49,6 +50,7 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     updated_at TEXT NOT NULL,
     last_event_id TEXT NOT NULL,
     state_json TEXT NOT NULL,
+    expired_at TEXT,
     UNIQUE (tenant_id, tool_name, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS tool_calls_by_run ON tool_calls (tenant_id, run_id);
@@ -182,6 +184,7 @@ def apply(
     if states is not None:
         conn.executemany(_INSERT_EVENT, [_sqlite(event_row(e, p)) for e, p in events])
         conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in states.items()])
+        _mark_expired(conn, [e for e, _ in events])
         return
     new = [e for e, p in events if conn.execute(_INSERT_EVENT, _sqlite(event_row(e, p))).rowcount]
     keys = sorted({e.call_key for e in new})
@@ -190,19 +193,38 @@ def apply(
         chunk = keys[start : start + 500]
         marks = ", ".join("?" * len(chunk))
         for key, state_json in conn.execute(
-            f"SELECT call_key, state_json FROM tool_calls WHERE call_key IN ({marks})", chunk
+            # an expired key's row keeps its last call for support, but the key is new again
+            f"SELECT call_key, state_json FROM tool_calls WHERE call_key IN ({marks}) "
+            "AND expired_at IS NULL",
+            chunk,
         ):
             stored[key] = CallState.model_validate_json(state_json)
     changed = fold_new_events(stored, new)
     conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
+    _mark_expired(conn, new)
 
 
-_TIMES = ("created_at", "updated_at", "occurred_at")
+def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+    conn.executemany(
+        "UPDATE tool_calls SET expired_at = ? WHERE call_key = ?",
+        [(when.isoformat(), key) for key, when in expiries(events)],
+    )
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Columns added since a ledger file was made (CREATE TABLE IF NOT EXISTS keeps the old
+    table): ``tool_calls.expired_at``."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(tool_calls)")}
+    if "expired_at" not in columns:
+        conn.execute("ALTER TABLE tool_calls ADD COLUMN expired_at TEXT")
+
+
+_TIMES = ("created_at", "updated_at", "occurred_at", "expired_at")
 
 
 def _sqlite(row: dict[str, Any]) -> dict[str, Any]:
     for name in _TIMES:
-        if name in row:
+        if row.get(name) is not None:
             row[name] = row[name].isoformat()
     return row
 

@@ -36,6 +36,9 @@ class CallView(BaseModel):
     step_id: str | None = None
     created_at: datetime
     updated_at: datetime
+    # when the key passed its retention: the call stays findable, a new call with the key
+    # executes as a new call (and replaces this record)
+    expired_at: datetime | None = None
     last_event_id: str  # internal: not rendered
     last_intent_id: str  # internal: not rendered
 
@@ -58,6 +61,7 @@ class CallView(BaseModel):
             step_id=row["step_id"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
+            expired_at=row.get("expired_at"),
             last_event_id=row["last_event_id"],
             last_intent_id=row["last_intent_id"],
         )

@@ -135,6 +135,15 @@ class ToolCallReplayed(Event):
     error: ErrorInfo | None = None
 
 
+class ToolCallKeyExpired(Event):
+    """A finished call's key passed its retention: its state is forgotten (see the .avsc)."""
+
+    TYPE: ClassVar[str] = "ToolCallKeyExpired"
+    status: CallStatus
+    last_event_at: datetime
+    retention_s: int
+
+
 class ToolCallRejected(Event):
     TYPE: ClassVar[str] = "ToolCallRejected"
     error: ErrorInfo
@@ -192,6 +201,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ToolCallReconciled,
     ToolCallReplayed,
     ToolCallRejected,
+    ToolCallKeyExpired,
     ApprovalRequested,
     ApprovalGranted,
     ApprovalDenied,

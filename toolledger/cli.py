@@ -107,6 +107,7 @@ def executor(
         int | None,
         typer.Option(help="Retention of the intents topic (raw arguments) when it is created."),
     ] = None,
+    key_retention: options.KeyRetentionOption = "24h",
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
     from schemas.topics import Topics
@@ -117,6 +118,7 @@ def executor(
         registry = load_tools(
             tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
         )
+        options.key_retention(registry, key_retention)
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -252,6 +254,7 @@ def serve(
         ),
     ] = 3,
     create: CreateOption = False,
+    key_retention: options.KeyRetentionOption = "24h",
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -286,6 +289,7 @@ def serve(
         new_ledger = options.creates(data, create)
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
+        options.key_retention(registry, key_retention)
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

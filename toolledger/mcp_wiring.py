@@ -200,6 +200,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
         jwt_scopes_claim: JwtScopesClaimOption = None,
         create: CreateOption = False,
+        key_retention: options.KeyRetentionOption = "24h",
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -237,6 +238,7 @@ def register_mcp_command(app: typer.Typer) -> None:
             new_ledger = options.creates(data, create)
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
+            options.key_retention(registry, key_retention)
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None

@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from processors.tools.registry import ToolRegistry
+from processors.tools.retention import RetentionError, parse_retention
+from toolledger.config import ConfigError
+
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
     from producers.http.auth import TokenStore
     from toolledger.serve import Security
@@ -34,6 +38,24 @@ def creates(data: Path, create: bool) -> bool | None:
     judged now, before anything such as the helpdesk store is written there)."""
     fresh = not data.exists() or (data.is_dir() and not any(data.iterdir()))
     return True if create or fresh else None
+
+
+KeyRetentionOption = Annotated[
+    str,
+    typer.Option(
+        "--key-retention",
+        help="How long a finished call's key is kept, for tools whose manifest sets none: "
+        "90s, 30m, 24h, 7d, PT24H, or 'forever'. After it, the same key runs as a new call.",
+    ),
+]
+
+
+def key_retention(registry: ToolRegistry, text: str) -> None:
+    """Apply ``--key-retention`` to ``registry`` (:class:`ConfigError` if it is no duration)."""
+    try:
+        registry.set_default_key_retention(parse_retention(text))
+    except RetentionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.tools.registry import ToolRegistry
+from processors.tools.retention import describe
 from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.app import FrontDoor, ToolInfo, create_app
@@ -36,7 +37,9 @@ log = logging.getLogger("toolledger.serve")
 
 
 def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
-    return {t.name: ToolInfo(t.name, t.keyed, t.manifest(), t.digest_of) for t in registry}
+    return {
+        t.name: ToolInfo(t.name, t.keyed, registry.manifest(t), t.digest_of) for t in registry
+    }
 
 
 def authenticator(
@@ -129,6 +132,7 @@ class Security:
                 authenticator=auth,
                 budget=self.run_budget,
                 approval_token_ttl=self.approval_token_ttl,
+                key_retention=describe(registry.default_key_retention),
             )
 
         return door

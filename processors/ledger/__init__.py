@@ -9,6 +9,7 @@ from processors.ledger.commands import (
     Command,
     DecideApproval,
     Execute,
+    Expire,
     Failure,
     Found,
     FoundFailed,
@@ -29,6 +30,7 @@ from processors.ledger.decide import (
     Decision,
     InvariantViolation,
     decide,
+    expires_at,
     failure_fingerprint,
 )
 from processors.ledger.evolve import evolve, fold, fold_all
@@ -46,6 +48,7 @@ __all__ = [
     "DecideApproval",
     "Decision",
     "Execute",
+    "Expire",
     "Failure",
     "Found",
     "FoundFailed",
@@ -64,6 +67,7 @@ __all__ = [
     "TimedOut",
     "decide",
     "evolve",
+    "expires_at",
     "failure_fingerprint",
     "fold",
     "fold_all",

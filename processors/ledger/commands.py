@@ -18,6 +18,7 @@ class Policy:
     max_attempts: int = 3  # handler attempts per execution round
     max_rounds: int = 3  # execution rounds per call key (calls that find FAILED_RETRYABLE)
     has_reconcile: bool = False
+    key_retention_s: int | None = None  # after the last terminal event; None: forever
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,15 @@ class Sweep:
 
 
 @dataclass(frozen=True, slots=True)
+class Expire:
+    """The executor looks at a finished key whose retention may have passed."""
+
+    policy: Policy
+    now: datetime
+    approvals: ApprovalBook | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DecideApproval:
     """An operator's decision on an approval request, as the front door appended it."""
 
@@ -159,7 +169,14 @@ class ChangeSwitch:
 
 
 Command = (
-    Submit | AttemptFinished | ReconcileFinished | Recover | Sweep | DecideApproval | ChangeSwitch
+    Submit
+    | AttemptFinished
+    | ReconcileFinished
+    | Recover
+    | Sweep
+    | Expire
+    | DecideApproval
+    | ChangeSwitch
 )
 
 

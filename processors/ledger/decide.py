@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from processors.ledger.commands import (
     Action,
@@ -20,6 +20,7 @@ from processors.ledger.commands import (
     Command,
     DecideApproval,
     Execute,
+    Expire,
     Found,
     FoundFailed,
     Gate,
@@ -46,6 +47,7 @@ from schemas.events import (
     FailureDisposition,
     Resolution,
     ToolCallFailed,
+    ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallRejected,
@@ -79,6 +81,8 @@ def decide(state: CallState | None, command: Command) -> Decision:
         return _decide_approval(command)
     if isinstance(command, ChangeSwitch):
         return _change_switch(command)
+    if isinstance(command, Expire):
+        return _expire(state, command)
     return _sweep(state, command)
 
 
@@ -118,8 +122,59 @@ def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallReje
     return ToolCallRejected(envelope=ctx.envelope(_eid(ctx, "rejected"), now), error=error)
 
 
+def expires_at(state: CallState, policy: Policy) -> datetime | None:
+    """When a call's key expires: its last terminal event (``updated_at``, which only state
+    changes move) plus the tool's key retention. ``None`` while the call is unresolved
+    (PENDING, UNKNOWN: a key never expires under a call that may still have an effect) or
+    when the tool keeps keys forever."""
+    if policy.key_retention_s is None or state.status in _UNRESOLVED:
+        return None
+    return state.updated_at + timedelta(seconds=policy.key_retention_s)
+
+
+_UNRESOLVED = (CallStatus.PENDING, CallStatus.UNKNOWN)
+
+
+def _expired(
+    state: CallState, policy: Policy, now: datetime, book: ApprovalBook | None, intent_id: str
+) -> ToolCallKeyExpired | None:
+    """The expiry of the key at ``now`` (log time), or None: at ``expires_at`` exactly it has
+    expired. An approval still to be decided or used for the key keeps it."""
+    due = expires_at(state, policy)
+    if due is None or now < due or (book is not None and book.open_at(now)):
+        return None
+    assert policy.key_retention_s is not None
+    ctx = state.context.model_copy(update={"intent_id": intent_id})
+    return ToolCallKeyExpired(
+        envelope=ctx.envelope(f"{intent_id}/expired/1", now),
+        status=state.status,
+        last_event_at=state.updated_at,
+        retention_s=policy.key_retention_s,
+    )
+
+
+def expiry_intent_id(state: CallState) -> str:
+    """The id an expiry found by the executor (not by a call) is recorded under: derived from
+    the key and its last event, so deciding it again gives the same event."""
+    raw = f"{state.context.call_key}\x1f{state.last_event_id}".encode()
+    return "exp_" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _expire(state: CallState | None, cmd: Expire) -> Decision:
+    if state is None:
+        return Decision()
+    expired = _expired(state, cmd.policy, cmd.now, cmd.approvals, expiry_intent_id(state))
+    return Decision(() if expired is None else (expired,))
+
+
 def _submit(state: CallState | None, cmd: Submit) -> Decision:
     ctx, now = cmd.context, cmd.now
+    if state is not None:
+        book = cmd.gate.approval.book if cmd.gate.approval is not None else None
+        expired = _expired(state, cmd.policy, now, book, ctx.intent_id)
+        if expired is not None:  # the key is new again: decided as a first call, after it
+            first = _submit(None, cmd)
+            return Decision((expired, *first.events), first.action)
     if state is None:
         # Past the idempotency decision: the kill switch, then the approval, then Started.
         if cmd.gate.disabled is not None:

@@ -11,6 +11,7 @@ from schemas.events import (
     FailureDisposition,
     Resolution,
     ToolCallFailed,
+    ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallStarted,
@@ -40,8 +41,11 @@ _RECONCILED_STATUS = {
 
 
 def evolve(state: CallState | None, event: Event) -> CallState | None:
-    """Apply one event. Replays, rejections, approvals and switches leave the state alone."""
+    """Apply one event. Replays, rejections, approvals and switches leave the state alone; a
+    key's expiry forgets it (``None``: as if it had never run)."""
     env = event.envelope
+    if isinstance(event, ToolCallKeyExpired):
+        return None
     if isinstance(event, ToolCallStarted):
         if state is None:
             return CallState(
@@ -116,4 +120,6 @@ def fold_all(events: Iterable[Event]) -> dict[str, CallState]:
         new = evolve(states.get(event.call_key), event)
         if new is not None:
             states[event.call_key] = new
+        elif isinstance(event, ToolCallKeyExpired):
+            states.pop(event.call_key, None)
     return states

@@ -65,6 +65,14 @@ class ApprovalBook(BaseModel):
     def by_token(self, token_digest: str) -> Approval | None:
         return next((a for a in self.items if a.token_digest == token_digest), None)
 
+    def open_at(self, now: datetime) -> bool:
+        """Whether a request is still to be decided or used (pending, or approved and unused,
+        before its expiry): the key must not expire under it."""
+        return any(
+            a.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and a.expires_at > now
+            for a in self.items
+        )
+
     def latest_for(self, args_digest: str) -> Approval | None:
         return next((a for a in reversed(self.items) if a.args_digest == args_digest), None)
 

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from processors.pipeline import Stages
 from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
-from processors.runtime.snapshot import Snapshot, governance_pairs
+from processors.runtime.snapshot import Snapshot, expired_pairs, governance_pairs
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -77,6 +77,8 @@ class KafkaStore:
                 await producer.send(
                     topics.state, value.encode("utf-8"), key=key.encode("utf-8"), partition=p
                 )
+            for key in [*batch.expired, *expired_pairs(batch)]:  # tombstones: compaction
+                await producer.send(topics.state, None, key=key.encode("utf-8"), partition=p)
             for letter in batch.dead_letters:
                 reason = json.dumps(
                     {"partition": p, "offset": letter.offset, "reason": letter.reason}
@@ -118,7 +120,7 @@ async def restore_snapshot(bootstrap: str, topics: Topics, partition: int) -> Sn
         while await consumer.position(tp) < end:
             for records in (await consumer.getmany(tp, timeout_ms=500)).values():
                 for record in records:
-                    if record.key is not None and record.value is not None:
+                    if record.key is not None:  # a None value: a tombstone (expired key)
                         snapshot.restore(record.key.decode("utf-8"), record.value)
         return snapshot
     finally:

@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from processors.ledger import CallState, Recover, decide, evolve
+from processors.ledger import CallState, Recover, decide, evolve, expires_at
 from processors.ledger.governance import (
     APPROVAL_EVENTS,
     ApprovalBook,
@@ -41,6 +42,7 @@ from schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     Event,
+    ToolCallKeyExpired,
     ToolCallRejected,
     ToolCallRequested,
     ToolDisabled,
@@ -89,6 +91,7 @@ class CommitBatch:
     switches: dict[str, Switch] = field(default_factory=dict)
     # offsets past next_offset already answered (None: unchanged since the last batch)
     answered: list[int] | None = None
+    expired: set[str] = field(default_factory=set)  # keys forgotten: state and book deleted
 
 
 class PartitionStore(Protocol):
@@ -172,6 +175,7 @@ class PartitionWorker:
         self._unknown: set[str] = set()  # keys in UNKNOWN: what the sweeper looks at
         self._answered: set[int] = set()
         self._stored_answered: list[int] = []
+        self._expiries: list[tuple[datetime, str]] = []  # (when, key): a heap, lazily pruned
 
     @property
     def position(self) -> int:
@@ -198,6 +202,8 @@ class PartitionWorker:
                     self.states[key] = evolve(self.states[key], event) or state
                 recovered.extend(events)
         self._unknown = {k for k, s in self.states.items() if s.status is CallStatus.UNKNOWN}
+        for key, state in self.states.items():
+            self._schedule_expiry(key, state)
         if recovered:
             log.info(
                 "recovered in-flight calls as UNKNOWN",
@@ -443,6 +449,7 @@ class PartitionWorker:
                 await self._sem.acquire()
                 self._sweeping.add(key)
                 self._spawn(key, self._sweep(key))
+            await self._expire_due(now)
 
     def _evolve(self, event: Event, batch: CommitBatch) -> None:
         key = event.call_key
@@ -456,11 +463,20 @@ class PartitionWorker:
             batch.switches[switch_key(switch.tenant_id, switch.tool)] = self.switches[
                 switch_key(switch.tenant_id, switch.tool)
             ]
+        elif isinstance(event, ToolCallKeyExpired):
+            # forgotten: the key is new again (the audit trail keeps its history)
+            self.states.pop(key, None)
+            self.approvals.pop(key, None)
+            self._unknown.discard(key)
+            batch.states.pop(key, None)
+            batch.approvals.pop(key, None)
+            batch.expired.add(key)
         else:
             new = evolve(self.states.get(key), event)
             if new is not None:
                 self._set_state(key, new)
                 batch.states[key] = new
+                batch.expired.discard(key)  # expired and started again in one batch
 
     def _apply_switch(self, switch: Switch) -> None:
         key = switch_key(switch.tenant_id, switch.tool)
@@ -473,6 +489,33 @@ class PartitionWorker:
             self._unknown.add(key)
         else:
             self._unknown.discard(key)
+        self._schedule_expiry(key, state)
+
+    def _expires_at(self, state: CallState) -> datetime | None:
+        tool = self._stages.registry.get(state.context.tool)
+        return None if tool is None else expires_at(state, self._stages.registry.policy(tool))
+
+    def _schedule_expiry(self, key: str, state: CallState) -> None:
+        due = self._expires_at(state)
+        if due is not None:
+            heapq.heappush(self._expiries, (due, key))
+
+    async def _expire_due(self, now: datetime) -> None:
+        """Keys whose retention has passed get their expiry decided (one task each, on the
+        key's chain); an entry made stale by a later state change is dropped."""
+        while self._expiries and self._expiries[0][0] <= now:
+            _due, key = heapq.heappop(self._expiries)
+            state = self.states.get(key)
+            current = self._expires_at(state) if state is not None else None
+            if current is None or current > now:
+                continue  # forgotten, unresolved again, or a later entry is in the heap
+            book = self.approvals.get(key)
+            if key in self._tails or (book is not None and book.open_at(now)):
+                later = now + timedelta(seconds=max(self._sweep_interval_s, 1.0))
+                heapq.heappush(self._expiries, (later, key))  # look again later
+                continue
+            await self._sem.acquire()
+            self._spawn(key, self._stages.run_expiry(key, _IntentPort(self, None)))
 
     async def _sweep(self, key: str) -> None:
         try:

@@ -32,9 +32,15 @@ class Snapshot:
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
     answered: frozenset[int] = frozenset()
 
-    def restore(self, key: str, value: str | bytes) -> None:
-        """Take one stored pair back (a later pair for the same key replaces the earlier)."""
-        if key == ANSWERED_KEY:
+    def restore(self, key: str, value: str | bytes | None) -> None:
+        """Take one stored pair back (a later pair for the same key replaces the earlier; a
+        tombstone, ``None``, deletes it: an expired key)."""
+        if value is None:
+            if key.startswith(APPROVALS_PREFIX):
+                self.approvals.pop(key.removeprefix(APPROVALS_PREFIX), None)
+            else:
+                self.states.pop(key, None)
+        elif key == ANSWERED_KEY:
             self.answered = frozenset(int(o) for o in json.loads(value))
         elif key.startswith(APPROVALS_PREFIX):
             self.approvals[key.removeprefix(APPROVALS_PREFIX)] = ApprovalBook.model_validate_json(
@@ -54,3 +60,11 @@ def governance_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
         yield SWITCH_PREFIX + key, switch.model_dump_json()
     if batch.answered is not None:
         yield ANSWERED_KEY, json.dumps(batch.answered)
+
+
+def expired_pairs(batch: CommitBatch) -> Iterator[str]:
+    """The governance keys of the batch's expired call keys (their approval books), to delete
+    (embedded) or tombstone (the state topic) with the call states themselves."""
+    for key in batch.expired:
+        if key not in batch.approvals:  # not a book the new call with the key just opened
+            yield APPROVALS_PREFIX + key

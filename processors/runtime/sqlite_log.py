@@ -24,7 +24,7 @@ from processors.runtime.ledger_file import (
     write_failure,
 )
 from processors.runtime.partition import CommitBatch
-from processors.runtime.snapshot import Snapshot, governance_pairs
+from processors.runtime.snapshot import Snapshot, expired_pairs, governance_pairs
 from projections import sqlite as projection
 from projections.rows import Position
 from schemas.codec import CodecError, decode
@@ -150,6 +150,8 @@ class SqliteLog:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{projection.DDL}COMMIT;")
+        with _tx(conn):
+            projection.migrate(conn)
         return conn
 
     def _init_meta(self, partitions: int) -> int:
@@ -301,6 +303,12 @@ class SqliteLog:
             "INSERT INTO executor_state VALUES (?, ?, ?) ON CONFLICT (partition, key) "
             "DO UPDATE SET value_json = excluded.value_json",
             [(batch.partition, k, v) for k, v in governance_pairs(batch)],
+        )
+        forgotten = [(k,) for k in batch.expired]  # expired keys: the state goes, not the audit
+        self.conn.executemany("DELETE FROM call_state WHERE call_key = ?", forgotten)
+        self.conn.executemany(
+            "DELETE FROM executor_state WHERE partition = ? AND key = ?",
+            [(batch.partition, key) for key in expired_pairs(batch)],
         )
         self.conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -155,6 +155,9 @@ class Tool:
     open_world: bool = True  # talks to a system outside the ledger (MCP's openWorldHint)
     # None: every high and irreversible mutation needs a human's approval, low ones do not
     approval: ApprovalRule | None = None
+    # how long a finished call's key is kept: a timedelta or "forever"; None: the ledger's
+    # default (ToolRegistry.default_key_retention, 24 hours unless --key-retention says)
+    key_retention: timedelta | Literal["forever"] | None = None
     describe_impact: Callable[[Any], Impact] | None = None
 
     def needs_approval(self, arguments: BaseModel) -> bool:

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 from pydantic import AliasChoices, AliasPath, BaseModel
 
+from processors.ledger.commands import Policy
 from processors.tools.manifest import EffectClass, RiskTier, Tool
+from processors.tools.retention import (
+    DEFAULT_KEY_RETENTION,
+    KeyRetention,
+    RetentionError,
+    check_retention,
+    describe,
+    seconds_of,
+)
 
 TRUSTED_CONTEXT_FIELDS = frozenset(
     {"tenant_id", "tenant", "user_id", "principal", "scopes", "run_id", "step_id"}
@@ -20,9 +31,41 @@ class ToolRegistrationError(ValueError):
 
 
 class ToolRegistry:
-    def __init__(self, *, trusted_fields: frozenset[str] = TRUSTED_CONTEXT_FIELDS) -> None:
+    def __init__(
+        self,
+        *,
+        trusted_fields: frozenset[str] = TRUSTED_CONTEXT_FIELDS,
+        default_key_retention: KeyRetention = DEFAULT_KEY_RETENTION,
+    ) -> None:
         self._tools: dict[str, Tool] = {}
         self._trusted = trusted_fields
+        self.default_key_retention = default_key_retention
+        self._policies: dict[str, Policy] = {}
+
+    def set_default_key_retention(self, retention: KeyRetention) -> None:
+        """The retention of tools whose manifest sets none (``--key-retention``)."""
+        self.default_key_retention = check_retention(retention)
+        self._policies.clear()
+
+    def key_retention(self, tool: Tool) -> KeyRetention:
+        return self.default_key_retention if tool.key_retention is None else tool.key_retention
+
+    def policy(self, tool: Tool) -> Policy:
+        """What the pure core needs of ``tool``, with its key retention resolved (built once
+        per tool: it is asked for on every call)."""
+        policy = self._policies.get(tool.name)
+        if policy is None:
+            retention = seconds_of(self.key_retention(tool))
+            policy = self._policies[tool.name] = replace(tool.policy, key_retention_s=retention)
+        return policy
+
+    def manifest(self, tool: Tool) -> dict[str, Any]:
+        """The public manifest, with the key retention in force (ISO 8601, or ``forever``)."""
+        retention = self.key_retention(tool)
+        return tool.manifest() | {
+            "key_retention": describe(retention),
+            "key_retention_seconds": seconds_of(retention),
+        }
 
     def register(self, tool: Tool) -> Tool:
         problems = self._problems(tool)
@@ -71,6 +114,11 @@ class ToolRegistry:
         described = tool.description
         if not (described.when_to_use.strip() and described.replay_behaviour.strip()):
             problems.append("its description must say when to use it and how replays behave")
+        if tool.key_retention is not None:
+            try:
+                check_retention(tool.key_retention)
+            except RetentionError as exc:
+                problems.append(str(exc))
         unknown = sorted(tool.redact_fields - set(tool.arguments.model_fields))
         if unknown:
             problems.append(f"redact_fields names unknown argument fields {unknown}")

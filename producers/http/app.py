@@ -305,7 +305,9 @@ def _where(scope: Scope) -> dict[str, Any]:
 
 
 def _view_bytes(view: CallView) -> bytes:
-    return view.model_dump_json(exclude=_HIDDEN).encode()
+    # expired_at only once the key has expired: a live call renders as it always did
+    hidden = _HIDDEN if view.expired_at is not None else _HIDDEN | {"expired_at"}
+    return view.model_dump_json(exclude=hidden).encode()
 
 
 def create_app(door: FrontDoor) -> FastAPI:
@@ -494,7 +496,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             after=after,
         )
         body = {
-            "items": [v.model_dump(mode="json", exclude=_HIDDEN) for v in found.items],
+            "items": [json.loads(_view_bytes(v)) for v in found.items],
             "next_cursor": found.next_cursor,
         }
         return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)

@@ -133,9 +133,13 @@ async def test_tools_lists_manifests_with_json_schemas_and_key_retention(
     response = await client.get("/v1/tools")
     assert response.status_code == 200 and media_type(response) == JSON
     data = response.json()
-    assert data["key_retention"] == "forever"
+    # the default is bounded (issue 10): 24 hours, as Stripe keeps keys, for every tool
+    # whose manifest sets none; each manifest states the retention in force
+    assert data["key_retention"] == "PT24H"
     assert "next_cursor" in data
     tools = {t["name"]: t for t in data["items"]}
+    for tool in tools.values():
+        assert (tool["key_retention"], tool["key_retention_seconds"]) == ("PT24H", 86_400)
     assert set(tools) >= {
         "create_ticket", "list_tickets", "close_ticket", "send_email", "charge_card",
         "flaky_write",

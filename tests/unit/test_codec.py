@@ -39,6 +39,7 @@ from schemas.events import (
     FailureDisposition,
     Resolution,
     ToolCallFailed,
+    ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallRejected,
@@ -134,6 +135,12 @@ SAMPLES: list[Event] = [
     ),
     ToolCallOutcomeUnknown(
         envelope=envelope(7), attempt=1, reason="timeout after the request was sent (30 s)"
+    ),
+    ToolCallKeyExpired(
+        envelope=envelope(7),
+        status=CallStatus.SUCCEEDED,
+        last_event_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+        retention_s=86_400,
     ),
     ToolCallReconciled(
         envelope=envelope(8),

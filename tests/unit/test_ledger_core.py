@@ -22,6 +22,7 @@ from processors.ledger import (
     CallState,
     Command,
     Execute,
+    Expire,
     Failure,
     Found,
     FoundFailed,
@@ -39,9 +40,13 @@ from processors.ledger import (
     TimedOut,
     decide,
     evolve,
+    expires_at,
     fold,
+    fold_all,
 )
+from processors.ledger.decide import expiry_intent_id
 from processors.ledger.evolve import NOT_HAPPENED_ERROR
+from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
 from schemas.canonical import args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
@@ -50,6 +55,7 @@ from schemas.events import (
     FailureDisposition,
     Resolution,
     ToolCallFailed,
+    ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallRejected,
@@ -604,3 +610,94 @@ def test_journey_transient_failure_then_success() -> None:
     assert (state.status, state.attempts, state.rounds, state.result_json, state.error) == (
         CallStatus.SUCCEEDED, 2, 1, RESULT, None)
     assert state.created_at == NOW == state.updated_at
+
+
+# ------------------------------------------------------------------------ key retention
+# Histories end about a second after T0; every command is at NOW = T0 + 600 s, so a retention
+# of 599 s has passed exactly at NOW (the last event is at T0 + 1 s) and one of 600 s has not.
+
+def keep(seconds: int | None, base: Policy = P) -> Policy:
+    return Policy(base.max_attempts, base.max_rounds, base.has_reconcile, seconds)
+
+
+SUCCEEDED_AT = T0 + timedelta(seconds=1)
+
+
+def expired(intent: str, status: CallStatus, retention: int) -> Ev:
+    return ev(ToolCallKeyExpired, f"{intent}/expired/1", status=status,
+              last_event_at=SUCCEEDED_AT, retention_s=retention)
+
+
+def expire(policy: Policy, approvals: ApprovalBook | None = None) -> Expire:
+    return Expire(policy=policy, now=NOW, approvals=approvals)
+
+
+OPEN_BOOK = ApprovalBook(items=(Approval(
+    approval_id="apr_1", args_digest=DIGEST, status=ApprovalStatus.PENDING,
+    expires_at=NOW + timedelta(hours=1)),))
+SWEEP_ID = expiry_intent_id(fold(SUCCEEDED))  # type: ignore[arg-type]
+
+RETENTION_ROWS: list[Row] = [
+    Row("submit/expired-key-runs-as-a-new-call", SUCCEEDED, submit(policy=keep(60)),
+        [expired("i2", CallStatus.SUCCEEDED, 60),
+         ev(ToolCallStarted, "i2/started/1", attempt=1, round=1)],
+        Execute(attempt=1, round_attempt=1), CallStatus.PENDING),
+    Row("submit/expired-key-with-other-arguments-runs-as-new", SUCCEEDED,
+        submit(digest=OTHER_DIGEST, policy=keep(60)),
+        [expired("i2", CallStatus.SUCCEEDED, 60), ev(ToolCallStarted, "i2/started/1")],
+        Execute(attempt=1, round_attempt=1), CallStatus.PENDING),
+    Row("submit/expired-failed-final-runs-as-new", FAILED_FINAL, submit(policy=keep(60)),
+        [expired("i2", CallStatus.FAILED_FINAL, 60), ev(ToolCallStarted, "i2/started/1")],
+        Execute(attempt=1, round_attempt=1), CallStatus.PENDING),
+    Row("submit/exactly-at-expiry-has-expired", SUCCEEDED, submit(policy=keep(599)),
+        [expired("i2", CallStatus.SUCCEEDED, 599), ev(ToolCallStarted, "i2/started/1")],
+        Execute(attempt=1, round_attempt=1), CallStatus.PENDING),
+    Row("submit/a-second-before-expiry-is-a-replay", SUCCEEDED, submit(policy=keep(600)),
+        [ev(ToolCallReplayed, "i2/replayed/1", status=CallStatus.SUCCEEDED)],
+        None, CallStatus.SUCCEEDED),
+    Row("submit/kept-forever-is-a-replay", SUCCEEDED, submit(policy=keep(None)),
+        [ev(ToolCallReplayed, "i2/replayed/1", status=CallStatus.SUCCEEDED)],
+        None, CallStatus.SUCCEEDED),
+    Row("submit/pending-never-expires", PENDING, submit(policy=keep(1)),
+        [_rejected(ErrorCode.IDEMPOTENCY_KEY_IN_USE)], None, CallStatus.PENDING),
+    Row("submit/unknown-never-expires", UNKNOWN, submit(policy=keep(1)),
+        [], Reconcile(reconcile_attempt=1), CallStatus.UNKNOWN),
+    Row("expire/succeeded-past-retention", SUCCEEDED, expire(keep(60)),
+        [expired(SWEEP_ID, CallStatus.SUCCEEDED, 60)], None, None),
+    Row("expire/failed-retryable-past-retention", given(*failed_round(1, 1, 1, RETRYABLE, "i1")),
+        expire(keep(60)), [ev(ToolCallKeyExpired, status=CallStatus.FAILED_RETRYABLE)],
+        None, None),
+    Row("expire/not-yet", SUCCEEDED, expire(keep(600)), [], None, CallStatus.SUCCEEDED),
+    Row("expire/forever", SUCCEEDED, expire(keep(None)), [], None, CallStatus.SUCCEEDED),
+    Row("expire/pending", PENDING, expire(keep(1)), [], None, CallStatus.PENDING),
+    Row("expire/unknown", UNKNOWN, expire(keep(1)), [], None, CallStatus.UNKNOWN),
+    Row("expire/open-approval-keeps-the-key", SUCCEEDED, expire(keep(60), OPEN_BOOK),
+        [], None, CallStatus.SUCCEEDED),
+    Row("expire/no-state", NONE, expire(keep(1)), [], None, None),
+]
+
+
+@pytest.mark.parametrize("row", RETENTION_ROWS, ids=lambda row: row.name)
+def test_retention_table(row: Row) -> None:
+    state = fold(row.given)
+    decision = decide(state, row.when)
+    assert [type(e).__name__ for e in decision.events] == [e.type.__name__ for e in row.then]
+    for actual, expected_event in zip(decision.events, row.then, strict=True):
+        _check_event(actual, expected_event)
+        assert actual.envelope.occurred_at == NOW  # log time: the command's, never a clock
+        assert actual.call_key == str(KEY)
+    assert decision.action == row.action
+    after = fold(decision.events, state)
+    assert (after.status if after is not None else None) == row.status
+    if any(isinstance(e, ToolCallKeyExpired) for e in decision.events):
+        assert after is None or after.attempts == 1  # forgotten: a new call starts over
+    assert decide(fold(row.given), row.when) == decision  # deterministic, on every replay
+
+
+def test_an_expired_key_is_forgotten_by_fold_all() -> None:
+    state = fold(SUCCEEDED)
+    assert state is not None
+    decision = decide(state, expire(keep(60)))
+    assert fold_all([*SUCCEEDED, *decision.events]) == {}
+    assert expires_at(state, keep(60)) == SUCCEEDED_AT + timedelta(seconds=60)
+    assert expires_at(state, keep(None)) is None
