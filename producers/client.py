@@ -195,21 +195,7 @@ class LedgerClient:
                 call_id,
             )
         intent = ToolCallRequested(
-            envelope=Envelope(
-                event_id=f"{intent_id}/requested/1",
-                call_key=call_key,
-                tenant_id=context.tenant_id,
-                tool=tool,
-                tool_version="",
-                idempotency_key=key,
-                args_digest="",
-                intent_id=intent_id,
-                run_id=run_id,
-                step_id=step_id,
-                principal=context.principal,
-                occurred_at=datetime.now(UTC),
-                trace_id=context.trace_id,
-            ),
+            envelope=_envelope(context, tool, key, f"{intent_id}/requested/1", run_id, step_id),
             arguments_json=arguments_json,
             scopes=sorted(context.scopes),
             # only the token's digest travels: the raw token is in no log, not even this one
@@ -312,24 +298,9 @@ class LedgerClient:
             self.refusals_shed += 1
             return
         key = idempotency_key or ""
-        intent_id = uuid.uuid4().hex
+        event_id = f"{uuid.uuid4().hex}/rejected/1"
         record = ToolCallRejected(
-            envelope=Envelope(
-                event_id=f"{intent_id}/rejected/1",
-                call_key=str(CallKey(context.tenant_id, tool, key)),
-                tenant_id=context.tenant_id,
-                tool=tool,
-                tool_version="",
-                idempotency_key=key,
-                args_digest="",
-                intent_id=intent_id,
-                run_id=run_id,
-                step_id=step_id,
-                principal=context.principal,
-                occurred_at=datetime.now(UTC),
-                trace_id=context.trace_id,
-            ),
-            error=error,
+            envelope=_envelope(context, tool, key, event_id, run_id, step_id), error=error
         )
         task = asyncio.create_task(self._send_refusal(record))
         self._refusals.add(task)
@@ -361,6 +332,33 @@ class LedgerClient:
             return None
         finally:
             hub.forget(record.intent_id, waiter)
+
+
+def _envelope(
+    context: TrustedContext,
+    tool: str,
+    key: str,
+    event_id: str,
+    run_id: str | None,
+    step_id: str | None,
+) -> Envelope:
+    """What the front door knows of a call: who (from authentication), which tool and key;
+    the executor fills in the tool version and the args digest."""
+    return Envelope(
+        event_id=event_id,
+        call_key=str(CallKey(context.tenant_id, tool, key)),
+        tenant_id=context.tenant_id,
+        tool=tool,
+        tool_version="",
+        idempotency_key=key,
+        args_digest="",
+        intent_id=event_id.split("/", 1)[0],
+        run_id=run_id,
+        step_id=step_id,
+        principal=context.principal,
+        occurred_at=datetime.now(UTC),
+        trace_id=context.trace_id,
+    )
 
 
 def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:

@@ -39,7 +39,7 @@ def test_forever_is_said_explicitly() -> None:
 
 @pytest.mark.parametrize("text", ["", "soon", "0", "0s", "-5m", "1.5h", "P", "PT", "24 hours"])
 def test_what_is_not_a_retention(text: str) -> None:
-    with pytest.raises(RetentionError, match="duration|seconds"):
+    with pytest.raises(RetentionError, match=r"duration|seconds"):
         parse_retention(text)
 
 
@@ -71,7 +71,7 @@ def _tool(retention: Any) -> Tool:
 
 @pytest.mark.parametrize("bad", ["24h", 3600, timedelta(0), timedelta(milliseconds=1500)])
 def test_a_manifest_retention_that_is_no_duration_is_refused_at_registration(bad: Any) -> None:
-    with pytest.raises(ToolRegistrationError, match="key_retention|key retention"):
+    with pytest.raises(ToolRegistrationError, match=r"key_retention|key retention"):
         ToolRegistry().register(_tool(bad))
 
 
