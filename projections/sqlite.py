@@ -205,10 +205,12 @@ def apply(
 
 
 def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
-    conn.executemany(
-        "UPDATE tool_calls SET expired_at = ? WHERE call_key = ?",
-        [(when.isoformat(), key) for key, when in expiries(events)],
-    )
+    expired = expiries(events)
+    if expired:
+        conn.executemany(
+            "UPDATE tool_calls SET expired_at = ? WHERE call_key = ?",
+            [(when.isoformat(), key) for key, when in expired],
+        )
 
 
 def migrate(conn: sqlite3.Connection) -> None:

@@ -89,8 +89,8 @@ class CommitBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)
     switches: dict[str, Switch] = field(default_factory=dict)
-    # offsets past next_offset already answered (None: unchanged since the last batch)
-    answered: list[int] | None = None
+    # offsets past next_offset answered with a refusal (None: unchanged since the last batch)
+    refused: list[int] | None = None
     expired: set[str] = field(default_factory=set)  # keys forgotten: state and book deleted
 
 
@@ -134,9 +134,6 @@ class _Watermark:
         while self._inflight and self._inflight[0][1]:
             self.position = max(self.position, int(self._inflight.popleft()[0]) + 1)
 
-    def answered(self) -> list[int]:
-        """Offsets past the position that are fully processed (an earlier one still runs)."""
-        return [int(offset) for offset, done in self._inflight if done]
 
 
 class PartitionWorker:
@@ -173,8 +170,9 @@ class PartitionWorker:
         self._background: list[asyncio.Task[None]] = []
         self._sweeping: set[str] = set()
         self._unknown: set[str] = set()  # keys in UNKNOWN: what the sweeper looks at
-        self._answered: set[int] = set()
-        self._stored_answered: list[int] = []
+        self._skip: set[int] = set()  # refused before a restart: not decided again
+        self._refused: set[int] = set()  # offsets past the position answered with a refusal
+        self._stored_refused: list[int] = []
         self._expiries: list[tuple[datetime, str]] = []  # (when, key): a heap, lazily pruned
 
     @property
@@ -189,10 +187,12 @@ class PartitionWorker:
         snapshot = await self._store.load(self.partition)
         self.states, self.approvals = snapshot.states, snapshot.approvals
         self.switches = snapshot.switches
-        # Answered before a crash or a takeover, though an earlier offset was still running:
-        # not decided again on the re-read (a refusal could otherwise run after all).
-        self._answered = {o for o in snapshot.answered if o >= self.position}
-        self._stored_answered = sorted(self._answered)
+        # Refused before a crash or a takeover while an earlier offset still ran: not decided
+        # again on the re-read (a switch turned back on could otherwise let it run after
+        # all). Other answers are safe to decide again: a finished call is replayed.
+        self._skip = {o for o in snapshot.refused if o >= self.position}
+        self._refused = set(self._skip)
+        self._stored_refused = sorted(self._skip)
         recovered: list[Event] = []
         now = self._stages.clock.now()
         for key, state in list(self.states.items()):
@@ -237,9 +237,9 @@ class PartitionWorker:
         except ValueError:
             self._sem.release()
             raise
-        if offset in self._answered:  # its answer is on the log already
-            self._answered.discard(offset)
-            self._spawn(f"answered:{offset}", self.commit((), offset))
+        if offset in self._skip:  # its refusal is on the log already
+            self._skip.discard(offset)
+            self._spawn(f"refused:{offset}", self.commit((), offset))
             return
         intent = self._decode(offset, value)
         if isinstance(intent, DeadLetter):
@@ -382,10 +382,13 @@ class PartitionWorker:
                     batch.dead_letters.append(item.dead_letter)
                 if item.done_offset is not None:
                     self._watermark.done(item.done_offset)
-            batch.next_offset = self._watermark.position
-            answered = self._watermark.answered()
-            if answered != self._stored_answered:
-                batch.answered = answered
+                    if any(isinstance(e, ToolCallRejected) for e in item.events):
+                        self._refused.add(item.done_offset)
+            batch.next_offset = position = self._watermark.position
+            self._refused = {o for o in self._refused if o >= position}
+            refused = sorted(self._refused)
+            if refused != self._stored_refused:
+                batch.refused = refused
             try:
                 await self._store.commit(batch)
             except BaseException as exc:
@@ -402,8 +405,8 @@ class PartitionWorker:
                     extra={"partition": self.partition, "error": type(exc).__name__},
                 )
                 return
-            if batch.answered is not None:
-                self._stored_answered = batch.answered
+            if batch.refused is not None:
+                self._stored_refused = batch.refused
             for item in pending:
                 if not item.future.done():
                     item.future.set_result(None)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 APPROVALS_PREFIX = "approvals:"
 SWITCH_PREFIX = "switch:"
-ANSWERED_KEY = "answered:"  # input offsets past the position that are already answered
+REFUSED_KEY = "refused:"  # input offsets past the position already answered with a refusal
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class Snapshot:
     states: dict[str, CallState] = field(default_factory=dict)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
-    answered: frozenset[int] = frozenset()
+    refused: frozenset[int] = frozenset()
 
     def restore(self, key: str, value: str | bytes | None) -> None:
         """Take one stored pair back (a later pair for the same key replaces the earlier; a
@@ -40,8 +40,8 @@ class Snapshot:
                 self.approvals.pop(key.removeprefix(APPROVALS_PREFIX), None)
             else:
                 self.states.pop(key, None)
-        elif key == ANSWERED_KEY:
-            self.answered = frozenset(int(o) for o in json.loads(value))
+        elif key == REFUSED_KEY:
+            self.refused = frozenset(int(o) for o in json.loads(value))
         elif key.startswith(APPROVALS_PREFIX):
             self.approvals[key.removeprefix(APPROVALS_PREFIX)] = ApprovalBook.model_validate_json(
                 value
@@ -53,13 +53,13 @@ class Snapshot:
 
 
 def governance_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
-    """The batch's approval books, switches and answered offsets as stored pairs."""
+    """The batch's approval books, switches and refused offsets as stored pairs."""
     for key, book in batch.approvals.items():
         yield APPROVALS_PREFIX + key, book.model_dump_json()
     for key, switch in batch.switches.items():
         yield SWITCH_PREFIX + key, switch.model_dump_json()
-    if batch.answered is not None:
-        yield ANSWERED_KEY, json.dumps(batch.answered)
+    if batch.refused is not None:
+        yield REFUSED_KEY, json.dumps(batch.refused)
 
 
 def expired_pairs(batch: CommitBatch) -> Iterator[str]:

@@ -304,12 +304,13 @@ class SqliteLog:
             "DO UPDATE SET value_json = excluded.value_json",
             [(batch.partition, k, v) for k, v in governance_pairs(batch)],
         )
-        forgotten = [(k,) for k in batch.expired]  # expired keys: the state goes, not the audit
-        self.conn.executemany("DELETE FROM call_state WHERE call_key = ?", forgotten)
-        self.conn.executemany(
-            "DELETE FROM executor_state WHERE partition = ? AND key = ?",
-            [(batch.partition, key) for key in expired_pairs(batch)],
-        )
+        if batch.expired:  # expired keys: the state goes, not the audit trail
+            forgotten = [(k,) for k in batch.expired]
+            self.conn.executemany("DELETE FROM call_state WHERE call_key = ?", forgotten)
+            self.conn.executemany(
+                "DELETE FROM executor_state WHERE partition = ? AND key = ?",
+                [(batch.partition, key) for key in expired_pairs(batch)],
+            )
         self.conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
             "VALUES (?, ?, ?, ?, ?)",

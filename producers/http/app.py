@@ -447,7 +447,7 @@ def create_app(door: FrontDoor) -> FastAPI:
             run_id=body.run_id,
             step_id=body.step_id,
             approval_token=body.approval_token,
-            queued=_queued_probe(door, context, info.digest(body.arguments)) if key else None,
+            queued=_queued_probe(door, context, info, body.arguments) if key else None,
         )
         response = await _answer(door, context, tool, key, result, wait)
         door.metrics.observe(tool, response.status_code, result, time.monotonic() - started)
@@ -612,14 +612,19 @@ async def _answer(
 
 
 def _queued_probe(
-    door: FrontDoor, context: TrustedContext, digest: str | None
+    door: FrontDoor, context: TrustedContext, info: ToolInfo, arguments: dict[str, Any]
 ) -> Callable[[str, str], Awaitable[bool]]:
     """Whether another intent holds the key with these same arguments and is running: then
     this call, queued behind it, is answered 409 when its wait runs out (DESIGN section 11).
     Arguments that differ from the key's first ones are never "in use": the executor refuses
-    them at once with 422, and the caller waits for that answer."""
+    them at once with 422, and the caller waits for that answer. Asked only once a wait has
+    run out, so the digest is computed only then."""
+    digests: list[str | None] = []
 
     async def queued(call_id: str, intent_id: str) -> bool:
+        if not digests:
+            digests.append(info.digest(arguments))
+        digest = digests[0]
         if digest is None:
             return False
         view = await door.queries.get(context.tenant_id, call_id)

@@ -98,15 +98,22 @@ class SwitchCache:
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[float, list[SwitchView]]] = {}
+        self._loading: dict[str, asyncio.Task[list[SwitchView]]] = {}
 
     async def get(
         self, tenant_id: str, load: Callable[[str], Awaitable[list[SwitchView]]]
     ) -> list[SwitchView]:
+        """One read per tenant at a time: the callers that find the entry stale while it is
+        read wait for that read (not 64 reads of the audit trail at once, every second)."""
         now = time.monotonic()
         cached = self._entries.get(tenant_id)
         if cached is not None and now - cached[0] < SWITCH_CACHE_S:
             return cached[1]
-        switches = await load(tenant_id)
+        loading = self._loading.get(tenant_id)
+        if loading is None:
+            loading = self._loading[tenant_id] = asyncio.ensure_future(load(tenant_id))
+            loading.add_done_callback(lambda _: self._loading.pop(tenant_id, None))
+        switches = await asyncio.shield(loading)
         self._entries[tenant_id] = (now, switches)
         return switches
 

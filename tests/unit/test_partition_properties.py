@@ -93,7 +93,7 @@ class MemoryStore:
             dict(self.states),
             dict(self.snapshot.approvals),
             dict(self.snapshot.switches),
-            self.snapshot.answered,
+            self.snapshot.refused,
         )
 
     async def commit(self, batch: CommitBatch) -> None:
@@ -105,8 +105,8 @@ class MemoryStore:
         self.states.update(batch.states)
         self.snapshot.approvals.update(batch.approvals)
         self.snapshot.switches.update(batch.switches)
-        if batch.answered is not None:
-            self.snapshot.answered = frozenset(batch.answered)
+        if batch.refused is not None:
+            self.snapshot.refused = frozenset(batch.refused)
         if batch.next_offset is not None:
             self.position = batch.next_offset
 
