@@ -16,21 +16,31 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolledger demo
 
-# The HTTP API on the embedded backend (data in .toolledger-dev/), with a fresh dev token.
+# The HTTP API on the embedded backend (data in .toolledger-dev/), with fresh dev tokens: an
+# agent's (tools:call) and an operator's (four eyes: another principal approves).
 DEV_DIR    := .toolledger-dev
 SERVE_HOST ?= 127.0.0.1
 SERVE_PORT ?= 8080
 serve: $(STAMP)
 	@mkdir -p $(DEV_DIR)/data
-	@umask 077; token=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
-	printf '{"tokens": [{"token": "%s", "tenant": "dev", "principal": "dev", "scopes": ["tools:call", "operator"]}]}\n' \
-	  "$$token" > $(DEV_DIR)/tokens.json; \
-	echo "dev token (tenant 'dev', new on every 'make serve'): $$token"; \
-	echo "try:"; \
-	echo "  curl -sS -X POST http://$(SERVE_HOST):$(SERVE_PORT)/v1/tools/create_ticket/calls \\"; \
-	echo "    -H 'Authorization: Bearer $$token' -H 'Content-Type: application/json' \\"; \
-	echo "    -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
-	echo "(run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i)"
+	@umask 077; agent=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
+	operator=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
+	printf '{"tokens": [{"token": "%s", "tenant": "dev", "principal": "agent", "scopes": ["tools:call"]}, {"token": "%s", "tenant": "dev", "principal": "operator", "scopes": ["operator"]}]}\n' \
+	  "$$agent" "$$operator" > $(DEV_DIR)/tokens.json; \
+	url=http://$(SERVE_HOST):$(SERVE_PORT); \
+	echo "dev tokens (tenant 'dev', new on every 'make serve'; the file is re-read while serving):"; \
+	echo "  AGENT=$$agent"; \
+	echo "  OPERATOR=$$operator"; \
+	echo "a call (run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i):"; \
+	echo "  curl -sS -X POST $$url/v1/tools/create_ticket/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
+	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
+	echo "an approval: the charge answers 428 with approval_request.id; the operator approves it; the agent"; \
+	echo "calls again with the same key and arguments and the approval_token it was given:"; \
+	echo "  curl -sS -X POST $$url/v1/tools/charge_card/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
+	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: charge-1' \\"; \
+	echo "    -d '{\"arguments\": {\"customer_id\": \"cus_1\", \"amount_cents\": 1200, \"currency\": \"USD\"}}'"; \
+	echo "  curl -sS -X POST $$url/v1/approval-requests/<id>/approve -H \"Authorization: Bearer \$$OPERATOR\""; \
+	echo "  (then the charge curl again, with  ,\"approval_token\": \"<token>\"  after the arguments object)"
 	exec $(BIN)/toolledger serve --create --host $(SERVE_HOST) --port $(SERVE_PORT) \
 	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
 

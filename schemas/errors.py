@@ -64,7 +64,8 @@ _DEFAULTS: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.TOOL_DISABLED: (True, "The tool is switched off by an operator: try later."),
     ErrorCode.APPROVAL_REQUIRED: (
         False,
-        "Ask a human to approve this exact call, then call again with the token.",
+        "Ask a human to approve this exact call; once approved, call again with the same "
+        "idempotency key and the same arguments, and the approval token.",
     ),
     ErrorCode.APPROVAL_INVALID: (
         False,

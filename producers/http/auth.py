@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -26,6 +28,8 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from producers.client import TrustedContext
+
+log = logging.getLogger("toolledger.http.auth")
 
 MAX_TOKEN_CHARS = 8192
 # three base64url segments (RFC 7515 compact serialisation); a JWT header always starts "eyJ"
@@ -104,25 +108,74 @@ class TokenFileError(ValueError):
     pass
 
 
-class TokenStore:
-    """Opaque tokens of a tokens file, kept as SHA-256 digests and compared in constant time."""
+RELOAD_CHECK_S = 1.0
 
-    def __init__(self, entries: list[TokenEntry]) -> None:
-        self._by_digest = {
-            hashlib.sha256(e.token.encode()).digest(): TrustedContext(
-                e.tenant, e.principal, frozenset(e.scopes)
-            )
-            for e in entries
-        }
+
+def _digests(entries: list[TokenEntry]) -> dict[bytes, TrustedContext]:
+    return {
+        hashlib.sha256(e.token.encode()).digest(): TrustedContext(
+            e.tenant, e.principal, frozenset(e.scopes)
+        )
+        for e in entries
+    }
+
+
+def _read_tokens(path: Path) -> list[TokenEntry]:
+    try:
+        return TokensFile.model_validate(json.loads(path.read_text())).tokens
+    except (OSError, ValueError, ValidationError) as exc:
+        raise TokenFileError(f"{path}: not a usable tokens file ({exc})") from None
+
+
+def _signature(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+class TokenStore:
+    """Opaque tokens of a tokens file, kept as SHA-256 digests and compared in constant time.
+
+    Loaded from a file, it follows the file: a change (looked for at most once a second, by
+    its modification time and size) takes effect without a restart. A changed file that is
+    not usable is refused with a warning and the tokens in force stay, so a half-written file
+    never locks everyone out."""
+
+    def __init__(self, entries: list[TokenEntry], path: Path | None = None) -> None:
+        self._by_digest = _digests(entries)
+        self._path = path
+        self._seen = _signature(path) if path is not None else None
+        self._checked_at = time.monotonic()
 
     @classmethod
     def load(cls, path: Path) -> TokenStore:
+        return cls(_read_tokens(path), path)
+
+    def _follow_file(self) -> None:
+        now = time.monotonic()
+        if self._path is None or now - self._checked_at < RELOAD_CHECK_S:
+            return
+        self._checked_at = now
+        signature = _signature(self._path)
+        if signature == self._seen:
+            return
+        self._seen = signature
         try:
-            return cls(TokensFile.model_validate(json.loads(path.read_text())).tokens)
-        except (OSError, ValueError, ValidationError) as exc:
-            raise TokenFileError(f"{path}: not a usable tokens file ({exc})") from None
+            self._by_digest = _digests(_read_tokens(self._path))
+        except TokenFileError as exc:
+            log.warning(
+                "tokens file changed but is not usable; keeping the tokens in force",
+                extra={"error": str(exc)},
+            )
+            return
+        log.info(
+            "tokens file reloaded", extra={"path": str(self._path), "tokens": len(self._by_digest)}
+        )
 
     def find(self, token: str) -> TrustedContext | None:
+        self._follow_file()
         digest = hashlib.sha256(token.encode()).digest()
         found = None
         for known, context in self._by_digest.items():

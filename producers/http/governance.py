@@ -133,6 +133,7 @@ def _forbidden(message: str) -> Response:
     return error_response(ErrorCode.FORBIDDEN, message)
 
 
+
 async def precheck(
     door: FrontDoor, context: TrustedContext, tool: str, key: str | None, run_id: str | None
 ) -> ErrorInfo | None:
@@ -320,9 +321,17 @@ def add_routes(
         if isinstance(view, Response):
             return view
         if (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal):
-            return _forbidden("An approval request cannot be approved by the caller who made it.")
+            four_eyes = ErrorInfo.of(
+                ErrorCode.FORBIDDEN,
+                f"Four eyes: {context.principal!r} asked for this call, so another operator "
+                "must approve it.",
+                suggested_action="Ask another operator of this tenant to approve the request "
+                "(a token with the 'operator' scope and another principal).",
+            )
+            return problem_response(problem(four_eyes))
+        decided_at = datetime.now(UTC)
         record, token = governance.approve(
-            target(view), context.principal, datetime.now(UTC), door.approval_token_ttl
+            target(view), context.principal, decided_at, door.approval_token_ttl
         )
         answer = await _command(door, record)
         if isinstance(answer, Response):
@@ -331,7 +340,13 @@ def add_routes(
         body = {
             "approval_token": token,
             "expires_at": record.expires_at.isoformat(),
-            "approval_request": view.model_copy(update={"status": "approved"}).to_json(),
+            "approval_request": view.model_copy(
+                update={
+                    "status": "approved",
+                    "approver": context.principal,
+                    "decided_at": decided_at,
+                }
+            ).to_json(),
         }
         if answer is None:  # appended, not confirmed yet: the token works once it applies
             return _dumps({**body, "confirmed": False}, status=202)
@@ -359,13 +374,19 @@ def add_routes(
         view = await pending(context, approval_id)
         if isinstance(view, Response):
             return view
-        record = governance.deny(target(view), context.principal, parsed.reason, datetime.now(UTC))
+        decided_at = datetime.now(UTC)
+        record = governance.deny(target(view), context.principal, parsed.reason, decided_at)
         answer = await _command(door, record)
         if isinstance(answer, Response):
             return answer
         door.metrics.operator_actions.labels("deny").inc()
         denied = view.model_copy(
-            update={"status": "denied", "reason": parsed.reason, "approver": context.principal}
+            update={
+                "status": "denied",
+                "reason": parsed.reason,
+                "approver": context.principal,
+                "decided_at": decided_at,
+            }
         )
         return _dumps(
             {"approval_request": denied.to_json(), "confirmed": answer is not None},
