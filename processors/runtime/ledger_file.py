@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_SIDE_FILES = ("-wal", "-shm", ".lock")
+_SIDE_FILES = ("-wal", "-shm", ".lock", ".id")
 
 
 class LedgerFileError(RuntimeError):
@@ -106,3 +106,33 @@ def _new_directory(directory: Path) -> bool:
 def traces(path: Path) -> list[Path]:
     """The ledger's files beside it that exist (its WAL, shared memory and lock)."""
     return [p for p in (side_file(path, s) for s in _SIDE_FILES) if p.exists()]
+
+
+def check_identity(path: Path, ledger_id: str | None) -> None:
+    """A ledger's id is kept beside its file (``ledger.db.id``): a ``ledger.db`` of another
+    ledger put in its place (a wrong backup, a copy from another directory) is refused, as
+    its keys are not this ledger's. A file without an id, or a directory without the side
+    file, is taken as it is (the id is recorded then)."""
+    recorded = _recorded_identity(path)
+    if ledger_id is not None and recorded is not None and recorded != ledger_id:
+        raise LedgerFileError(
+            f"{path} belongs to another ledger (id {ledger_id}; this directory's ledger is "
+            f"{recorded}): put this directory's own file back; it was left untouched"
+        )
+
+
+def record_identity(path: Path, ledger_id: str) -> None:
+    """Write the ledger's id beside its file (atomically: a new file renamed over the old)."""
+    if _recorded_identity(path) == ledger_id:
+        return
+    side = side_file(path, ".id")
+    fresh = side.with_name(side.name + ".new")
+    fresh.write_text(ledger_id + "\n")
+    os.replace(fresh, side)
+
+
+def _recorded_identity(path: Path) -> str | None:
+    try:
+        return side_file(path, ".id").read_text().strip() or None
+    except FileNotFoundError:
+        return None

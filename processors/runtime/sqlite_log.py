@@ -17,9 +17,11 @@ from typing import IO
 
 from processors.runtime.ledger_file import (
     LedgerFileError,
+    check_identity,
     check_readable,
     must_create,
     read_only,
+    record_identity,
     traces,
     write_failure,
 )
@@ -84,11 +86,12 @@ class SqliteLog:
         try:
             if not new:
                 check_readable(self.path)
-                self._check_format()
+                check_identity(self.path, self._check_format())
             try:
                 self.conn = self._open(synchronous)
                 self.partitions = self._init_meta(partitions)
                 self.epoch = self._bump_epoch()
+                record_identity(self.path, self.meta("ledger_id"))
             except (sqlite3.Error, OSError) as exc:
                 raise write_failure(self.path, exc) from None
         except BaseException:
@@ -119,8 +122,9 @@ class SqliteLog:
             self._lock_file.close()
             self._lock_file = None
 
-    def _check_format(self) -> None:
-        """A ledger of this format, read only: another application's database is refused."""
+    def _check_format(self) -> str | None:
+        """A ledger of this format, read only: another application's database is refused.
+        Returns the ledger's id (None: a file made before ledgers had one)."""
         conn = read_only(self.path)
         try:
             tables = {
@@ -132,6 +136,7 @@ class SqliteLog:
                     f"(tables {sorted(tables)[:5]}); it was left untouched"
                 )
             row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
+            identity = conn.execute("SELECT v FROM meta WHERE k = 'ledger_id'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise LedgerFileError(
                 f"{self.path} cannot be read ({exc}); it was left untouched"
@@ -143,6 +148,7 @@ class SqliteLog:
                 f"{self.path} has format {row[0] if row else None!r}, "
                 f"expected {FORMAT!r}; it was left untouched"
             )
+        return None if identity is None else str(identity[0])
 
     def _open(self, synchronous: str) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -163,6 +169,9 @@ class SqliteLog:
             self.conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
                 (secrets.token_hex(32),),
+            )
+            self.conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
             )
         return int(self.meta("partitions"))
 

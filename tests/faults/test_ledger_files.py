@@ -119,3 +119,19 @@ def test_init_makes_a_ledger_once_and_never_again(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "ledger.db").stat().st_size > 0
     twice = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert twice.returncode == 2 and "exists already" in twice.stdout + twice.stderr
+
+
+async def test_another_ledgers_file_put_in_place_is_refused_untouched(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    await _ledger_with_calls(data, calls=3)
+    other = tmp_path / "other"
+    await _ledger_with_calls(other, calls=2)
+    db = data / "ledger.db"
+    db.write_bytes((other / "ledger.db").read_bytes())  # a wrong backup restored here
+    before = _digest(db)
+    refused = _serve(tmp_path)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    message = (refused.stdout + refused.stderr).strip()
+    assert str(db) in message and "another ledger" in message, message
+    assert len(message.splitlines()) == 1, message
+    assert _digest(db) == before
