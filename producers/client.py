@@ -209,12 +209,8 @@ class LedgerClient:
             return result_of(await asyncio.wait_for(asyncio.shield(waiter.answer), timeout))
         except TransportError as exc:
             # The intent may or may not have reached the log: the same key makes a retry safe.
-            return CallResult(
-                status=CallStatus.PENDING,
-                call_id=call_id,
-                intent_id=intent_id,
-                error=ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}"),
-            )
+            error = ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}")
+            return _pending(call_id, intent_id, error)
         except TimeoutError:
             return await self._decided(waiter, call_id, intent_id, queued)
         finally:
@@ -236,37 +232,24 @@ class LedgerClient:
             if waiter.answer.done():
                 return result_of(waiter.answer.result())
             if waiter.started.is_set():
-                return CallResult(
-                    status=CallStatus.PENDING,
-                    call_id=call_id,
-                    intent_id=intent_id,
-                    running=True,
-                    error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is running."),
-                )
+                running = ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is running.")
+                return _pending(call_id, intent_id, running, running=True)
             if queued is not None and await queued(call_id, intent_id):
-                return CallResult(
-                    status=CallStatus.PENDING,
-                    call_id=call_id,
-                    intent_id=intent_id,
-                    error=ErrorInfo.of(
-                        ErrorCode.IDEMPOTENCY_KEY_IN_USE,
-                        "A call with this key and arguments is still running.",
-                    ),
+                in_use = ErrorInfo.of(
+                    ErrorCode.IDEMPOTENCY_KEY_IN_USE,
+                    "A call with this key and arguments is still running.",
                 )
+                return _pending(call_id, intent_id, in_use)
             left = deadline - time.monotonic()
             if left <= 0:
-                return CallResult(
-                    status=CallStatus.PENDING,
-                    call_id=call_id,
-                    intent_id=intent_id,
-                    error=ErrorInfo.of(
-                        ErrorCode.INTERNAL,
-                        f"The ledger has not decided this call within {DECISION_WAIT_S:g} s.",
-                        retryable=True,
-                        suggested_action="Call again with the same key and arguments: it "
-                        "runs at most once.",
-                    ),
+                undecided = ErrorInfo.of(
+                    ErrorCode.INTERNAL,
+                    f"The ledger has not decided this call within {DECISION_WAIT_S:g} s.",
+                    retryable=True,
+                    suggested_action="Call again with the same key and arguments: it runs at "
+                    "most once.",
                 )
+                return _pending(call_id, intent_id, undecided)
             started: asyncio.Future[Any] = asyncio.ensure_future(waiter.started.wait())
             either: list[asyncio.Future[Any]] = [waiter.answer, started]
             try:
@@ -358,6 +341,19 @@ def _envelope(
         principal=context.principal,
         occurred_at=datetime.now(UTC),
         trace_id=context.trace_id,
+    )
+
+
+def _pending(
+    call_id: str, intent_id: str, error: ErrorInfo, *, running: bool = False
+) -> CallResult:
+    """No outcome to give now: ``error`` says why (running, in use, not reached, undecided)."""
+    return CallResult(
+        status=CallStatus.PENDING,
+        call_id=call_id,
+        intent_id=intent_id,
+        running=running,
+        error=error,
     )
 
 

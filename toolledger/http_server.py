@@ -67,7 +67,7 @@ class _GuardedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.cap:
-            _refused_over_cap.note(len(self.connections))
+            log.info("connection refused: at the connection cap", extra={"open": self.cap})
             transport.abort()
             return
         self._arm(self.header_timeout_s, body=False)
@@ -105,32 +105,10 @@ class _GuardedH11(H11Protocol):
     def _expired(self) -> None:
         self._deadline = None
         if not self.transport.is_closing():
-            _timed_out.note(1)
+            log.info("connection closed: request headers or body not received in time")
             if self.cycle is not None and not self.cycle.response_complete:
                 self.cycle.disconnected = True
             self.transport.close()
-
-
-class _Occurrences:
-    """A message logged at INFO the first time, then at most once per ``every_s`` with the
-    number of times it happened since."""
-
-    def __init__(self, message: str, every_s: float = 10.0) -> None:
-        self.message = message
-        self.every_s = every_s
-        self._count = 0
-        self._last = float("-inf")
-
-    def note(self, detail: int) -> None:
-        self._count += 1
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            log.info(self.message, extra={"count": self._count, "detail": detail})
-            self._count, self._last = 0, now
-
-
-_refused_over_cap = _Occurrences("connection refused: at the connection cap")
-_timed_out = _Occurrences("connection closed: request headers or body not received in time")
 
 
 class RepeatFilter(logging.Filter):
@@ -176,7 +154,8 @@ class _Server(uvicorn.Server):
 def install_log_guards() -> None:
     """Rate-limit what the event loop and the server log per connection."""
     guard = RepeatFilter()
-    for name in ("asyncio", "uvicorn.error"):  # per connection, not per request
+    # per connection, not per request (a request's own logs are never held back)
+    for name in ("asyncio", "uvicorn.error", log.name):
         logging.getLogger(name).addFilter(guard)
 
 
