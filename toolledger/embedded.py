@@ -17,6 +17,7 @@ from processors.pipeline import (
     Stages,
 )
 from processors.runtime.embedded import EmbeddedRuntime
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
@@ -48,10 +49,13 @@ class EmbeddedLedger:
         approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
         create: bool | None = None,
         shutdown_timeout_s: float = 30.0,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
-        new, empty directory (None); see :class:`SqliteLog`."""
+        new, empty directory (None); see :class:`SqliteLog`. ``cache_entries``: call keys
+        held in memory (the others are read from the file when used)."""
         self.path = Path(path)
+        self._cache_entries = cache_entries
         self._create = create
         self._shutdown_timeout_s = shutdown_timeout_s
         self._probed_at = float("-inf")
@@ -93,6 +97,7 @@ class EmbeddedLedger:
             concurrency=self._concurrency,
             on_committed=self.outcomes.publish,
             sweep_interval_s=self._sweep_interval_s,
+            cache_entries=self._cache_entries,
         )
         try:
             await self.runtime.start()

@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from processors.pipeline import Stages
-from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
+from processors.runtime.batch import CommitBatch
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
+from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import Snapshot
 from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
+from processors.runtime.state_table import KeyEntry
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.keys import partition_for
@@ -85,12 +88,26 @@ class _Writer:
 
 
 class _Store:
-    def __init__(self, log: SqliteLog, writer: _Writer) -> None:
+    """One partition's store: reads in a thread (their own connection), writes through the
+    writer's group commit."""
+
+    def __init__(self, log: SqliteLog, writer: _Writer, partition: int) -> None:
         self._log = log
         self._writer = writer
+        self._partition = partition
 
     async def load(self, partition: int) -> Snapshot:
         return self._log.load(partition)
+
+    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        return await asyncio.to_thread(self._log.read_keys, keys)
+
+    async def due(
+        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[float, str]]:
+        return await asyncio.to_thread(
+            self._log.due, self._partition, tool, settled_before, after, limit
+        )
 
     async def commit(self, batch: CommitBatch) -> None:
         await self._writer.commit(batch)
@@ -105,8 +122,12 @@ class EmbeddedRuntime:
         concurrency: int = 64,
         on_committed: Callable[[Sequence[Event]], None] | None = None,
         sweep_interval_s: float = 1.0,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
+        """``cache_entries``: call keys held in memory by all partitions together (each
+        partition's worker holds its share; every other key is read from the file)."""
         self.log = log
+        self._cache_entries = max(1, cache_entries // log.partitions)
         self._stages = stages
         self._concurrency = concurrency
         self._on_committed = on_committed
@@ -127,12 +148,13 @@ class EmbeddedRuntime:
         worker = PartitionWorker(
             partition,
             self.log.position(EXECUTOR, INTENTS, partition),
-            _Store(self.log, self._writer),
+            _Store(self.log, self._writer, partition),
             self._stages,
             epoch=self.log.epoch,
             concurrency=self._concurrency,
             on_committed=self._on_committed,
             sweep_interval_s=self._sweep_interval_s,
+            cache_entries=self._cache_entries,
         )
         await worker.start()
         return worker

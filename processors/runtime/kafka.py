@@ -12,8 +12,10 @@ Executor invariant, as kept here:
   commit fails, and a worker whose commit failed stops before calling any handler.
 * per batch, one transaction carries outcome events, the call states (compacted ``state``
   topic) and, once intents are fully processed, their offsets (``send_offsets_to_transaction``).
-* state is restored on assignment from the ``state`` topic, read ``read_committed`` *after*
-  ``init_transactions``, so nothing the previous owner left open can be read.
+* state is restored on assignment from the ``state`` topic into a local store on disk
+  (:mod:`processors.runtime.local_store`), from the store's checkpoint, read
+  ``read_committed`` *after* ``init_transactions``, so nothing the previous owner left open
+  can be read; the worker holds only a bounded working set of it in memory.
 """
 
 from __future__ import annotations
@@ -22,15 +24,23 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.pipeline import Stages
-from processors.runtime.partition import CommitBatch, PartitionFailed, PartitionWorker
-from processors.runtime.snapshot import Snapshot, expired_pairs, governance_pairs
+from processors.runtime.batch import CommitBatch
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
+from processors.runtime.local_store import LocalStore
+from processors.runtime.partition import PartitionFailed, PartitionWorker
+from processors.runtime.snapshot import Snapshot, topic_pairs
+from processors.runtime.state_table import KeyEntry
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -39,27 +49,37 @@ log = logging.getLogger("toolledger.kafka")
 
 
 class KafkaStore:
-    """A partition's :class:`~processors.runtime.partition.PartitionStore` on Kafka."""
+    """A partition's :class:`~processors.runtime.partition.PartitionStore` on Kafka: the
+    transaction is the truth; the local store follows it once it committed."""
 
     def __init__(
         self,
         producer: AIOKafkaProducer,
         topics: Topics,
         partition: int,
-        snapshot: Snapshot,
+        local: LocalStore,
     ) -> None:
         self._producer = producer
         self._topics = topics
         self._partition = partition
-        self._snapshot = snapshot
+        self._local = local
         self._committed_offset: int | None = None
 
     async def load(self, partition: int) -> Snapshot:
-        return self._snapshot
+        return self._local.live()
+
+    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        return await asyncio.to_thread(self._local.read_keys, keys)
+
+    async def due(
+        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[float, str]]:
+        return await asyncio.to_thread(self._local.due, tool, settled_before, after, limit)
 
     async def commit(self, batch: CommitBatch) -> None:
         producer, topics, p = self._producer, self._topics, self._partition
         await producer.begin_transaction()
+        state_sends: list[asyncio.Future[Any]] = []
         try:
             for event in batch.events:
                 await producer.send(
@@ -72,13 +92,15 @@ class KafkaStore:
                         (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
                     ],
                 )
-            pairs = [(k, s.model_dump_json()) for k, s in batch.states.items()]
-            for key, value in [*pairs, *governance_pairs(batch)]:
-                await producer.send(
-                    topics.state, value.encode("utf-8"), key=key.encode("utf-8"), partition=p
+            for key, value in topic_pairs(batch):  # tombstones for expired keys: compaction
+                state_sends.append(
+                    await producer.send(
+                        topics.state,
+                        None if value is None else value.encode("utf-8"),
+                        key=key.encode("utf-8"),
+                        partition=p,
+                    )
                 )
-            for key in [*batch.expired, *expired_pairs(batch)]:  # tombstones: compaction
-                await producer.send(topics.state, None, key=key.encode("utf-8"), partition=p)
             for letter in batch.dead_letters:
                 reason = json.dumps(
                     {"partition": p, "offset": letter.offset, "reason": letter.reason}
@@ -100,10 +122,14 @@ class KafkaStore:
             raise
         if batch.next_offset is not None:
             self._committed_offset = batch.next_offset
+        # committed: every send was acknowledged, so their offsets are known
+        last = max((f.result().offset for f in state_sends), default=None)
+        self._local.put(batch, None if last is None else last + 1)
 
 
-async def restore_snapshot(bootstrap: str, topics: Topics, partition: int) -> Snapshot:
-    """Read one partition of the compacted state topic to its end (last stable offset)."""
+async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> int:
+    """Bring the local store up to the end (last stable offset) of its partition of the
+    state topic, from its checkpoint; returns how many records were read."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -112,25 +138,42 @@ async def restore_snapshot(bootstrap: str, topics: Topics, partition: int) -> Sn
     )
     await consumer.start()
     try:
-        tp = TopicPartition(topics.state, partition)
+        tp = TopicPartition(topics.state, local.identity_partition)
         consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
-        snapshot = Snapshot()
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        if local.checkpoint > end:
+            local.rebuild(f"its checkpoint {local.checkpoint} is past the topic's end {end}")
+        elif 0 < local.checkpoint < begin:
+            local.rebuild(f"its checkpoint {local.checkpoint} is before the topic's start {begin}")
+        consumer.seek(tp, max(local.checkpoint, begin))
+        read = 0
         while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
-                for record in records:
-                    if record.key is not None:  # a None value: a tombstone (expired key)
-                        snapshot.restore(record.key.decode("utf-8"), record.value)
-        return snapshot
+            records = (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+            pairs = [(r.key.decode("utf-8"), r.value) for r in records if r.key is not None]
+            local.apply(pairs, await consumer.position(tp))
+            read += len(records)
+        return read
     finally:
         await consumer.stop()
 
 
+async def cluster_id(bootstrap: str) -> str:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return str((await admin.describe_cluster())["cluster_id"])
+    finally:
+        await admin.close()
+
+
 class _Owned:
-    def __init__(self, producer: AIOKafkaProducer, worker: PartitionWorker) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, worker: PartitionWorker, local: LocalStore
+    ) -> None:
         self.producer = producer
         self.worker = worker
+        self.local = local
 
 
 class KafkaExecutor:
@@ -145,7 +188,12 @@ class KafkaExecutor:
         sweep_interval_s: float = 1.0,
         on_committed: Callable[[Sequence[Event]], None] | None = None,
         client_id: str = "toolledger-executor",
+        state_dir: Path | None = None,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
+        """``state_dir``: where the local stores of owned partitions live (None: a temporary
+        directory, so every takeover restores from the topic). ``cache_entries``: call keys
+        held in memory by all partitions together."""
         self.bootstrap = bootstrap
         self.topics = topics
         self._stages = stages
@@ -163,6 +211,14 @@ class KafkaExecutor:
                 f"session_timeout_ms={session_timeout_ms} must exceed the longest tool timeout "
                 f"({longest:g} s)"
             )
+        self._temporary_dir: tempfile.TemporaryDirectory[str] | None = None
+        if state_dir is None:
+            self._temporary_dir = tempfile.TemporaryDirectory(prefix="toolledger-state-")
+            state_dir = Path(self._temporary_dir.name)
+        self.state_dir = Path(state_dir)
+        self._cache_entries = max(1, cache_entries // topics.partitions)
+        self._cluster_id: str | None = None
+        self.restored: dict[int, int] = {}  # state records read by the last takeover, by partition
         self.owned: dict[int, _Owned] = {}
         self._unowned: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
@@ -171,6 +227,7 @@ class KafkaExecutor:
         self.assigned = asyncio.Event()
 
     async def start(self) -> None:
+        self._cluster_id = await cluster_id(self.bootstrap)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.topics.executor_group,
@@ -197,6 +254,12 @@ class KafkaExecutor:
         await self._release(list(self.owned), drain_s=drain_s)
         if self._consumer is not None:
             await self._consumer.stop()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._temporary_dir is not None:
+            self._temporary_dir.cleanup()
+            self._temporary_dir = None
 
     async def crash(self) -> None:
         """Abandon everything at once, as a killed process would (tests use it)."""
@@ -207,10 +270,12 @@ class KafkaExecutor:
         for owned in self.owned.values():
             with contextlib.suppress(Exception):
                 await owned.producer.stop()
+            owned.local.close()
         self.owned.clear()
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
+        self._cleanup()
 
     async def drain(self) -> None:
         for owned in list(self.owned.values()):
@@ -269,19 +334,27 @@ class KafkaExecutor:
         )
         await producer.start()  # init_transactions: fences the previous owner
         worker: PartitionWorker | None = None
+        local: LocalStore | None = None
         try:
-            snapshot = await restore_snapshot(self.bootstrap, self.topics, p)
+            local = LocalStore(self.state_dir / f"{self.topics.state}-{p}.db", self._identity(p))
+            # read after init_transactions: nothing the previous owner left open is read
+            try:
+                self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
+            except sqlite3.DatabaseError as exc:  # a damaged cache: made again from the topic
+                local.rebuild(f"it cannot be read ({exc})")
+                self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
             tp = TopicPartition(self.topics.intents, p)
             position = await self._consumer.committed(tp) or 0
             worker = PartitionWorker(
                 p,
                 position,
-                KafkaStore(producer, self.topics, p, snapshot),
+                KafkaStore(producer, self.topics, p, local),
                 self._stages,
                 epoch=int(time.time() * 1000),
                 concurrency=self._concurrency,
                 on_committed=self._on_committed,
                 sweep_interval_s=self._sweep_interval_s,
+                cache_entries=self._cache_entries,
             )
             await worker.start()  # PENDING -> UNKNOWN, committed before any intent is read
             self._consumer.seek(tp, position)
@@ -290,12 +363,24 @@ class KafkaExecutor:
                 await worker.stop()
             with contextlib.suppress(Exception):
                 await producer.stop()
+            if local is not None:
+                local.close()
             raise
         log.info(
             "partition acquired",
-            extra={"partition": p, "position": position, "keys": len(snapshot.states)},
+            extra={"partition": p, "position": position, "restored": self.restored[p]},
         )
-        return _Owned(producer, worker)
+        return _Owned(producer, worker, local)
+
+    def _identity(self, partition: int) -> dict[str, str]:
+        """What a local store must have been made for to be used again."""
+        return {
+            "cluster": self._cluster_id or "",
+            "group": self.topics.executor_group,
+            "topic": self.topics.state,
+            "partition": str(partition),
+            "partitions": str(self.topics.partitions),
+        }
 
     async def _release(self, partitions: Sequence[int], *, drain_s: float | None = None) -> None:
         """Give partitions up. Running calls are let finish first, all partitions together,
@@ -321,6 +406,7 @@ class KafkaExecutor:
                 await owned.worker.stop()
                 with contextlib.suppress(Exception):
                     await owned.producer.stop()
+                owned.local.close()
                 log.info("partition released", extra={"partition": p})
 
     async def _reacquire(self) -> None:

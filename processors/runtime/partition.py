@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import heapq
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -36,7 +35,10 @@ from processors.ledger.governance import (
     switch_of,
 )
 from processors.pipeline import Stages
+from processors.runtime.batch import CommitBatch, DeadLetter
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES, KeyCache
 from processors.runtime.snapshot import Snapshot
+from processors.runtime.state_table import KeyEntry
 from schemas.codec import CodecError, decode
 from schemas.events import (
     ApprovalDenied,
@@ -52,12 +54,8 @@ from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.partition")
 
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    offset: int
-    reason: str
-    value: bytes
+_EXPIRY_PAGE = 256  # keys per read of the store's due keys
+_EXPIRY_PAGES_PER_SWEEP = 16
 
 
 # What the intents stream carries: calls, and operators' decisions and switches.
@@ -80,22 +78,20 @@ _INBOUND = (
 )
 
 
-@dataclass(slots=True)
-class CommitBatch:
-    partition: int
-    events: list[Event] = field(default_factory=list)
-    states: dict[str, CallState] = field(default_factory=dict)
-    next_offset: int | None = None  # input position after this batch; None: unchanged
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    approvals: dict[str, ApprovalBook] = field(default_factory=dict)
-    switches: dict[str, Switch] = field(default_factory=dict)
-    # offsets past next_offset answered with a refusal (None: unchanged since the last batch)
-    refused: list[int] | None = None
-    expired: set[str] = field(default_factory=set)  # keys forgotten: state and book deleted
-
-
 class PartitionStore(Protocol):
-    async def load(self, partition: int) -> Snapshot: ...
+    """A partition's durable state, as its worker uses it (one store per owned partition)."""
+
+    async def load(self, partition: int) -> Snapshot:
+        """What the worker holds from its start (see :class:`Snapshot`)."""
+
+    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        """The stored entries of ``keys``, as of the last commit that returned."""
+
+    async def due(
+        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[float, str]]:
+        """Keys of ``tool`` settled at or before ``settled_before`` (epoch seconds), oldest
+        first, after the cursor ``after``: those whose retention may have passed."""
 
     async def commit(self, batch: CommitBatch) -> None:
         """Write the batch atomically, or raise (e.g. fenced by a newer owner)."""
@@ -149,11 +145,11 @@ class PartitionWorker:
         max_record_bytes: int = 2 << 20,
         on_committed: Callable[[Sequence[Event]], None] | None = None,
         sweep_interval_s: float = 1.0,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
         self.partition = partition
         self.epoch = epoch
-        self.states: dict[str, CallState] = {}
-        self.approvals: dict[str, ApprovalBook] = {}
+        self.cache = KeyCache(cache_entries, store.read)
         self.switches: dict[str, Switch] = {}
         self._store = store
         self._stages = stages
@@ -173,7 +169,7 @@ class PartitionWorker:
         self._skip: set[int] = set()  # refused before a restart: not decided again
         self._refused: set[int] = set()  # offsets past the position answered with a refusal
         self._stored_refused: list[int] = []
-        self._expiries: list[tuple[datetime, str]] = []  # (when, key): a heap, lazily pruned
+        self._expiry_cursors: dict[str, tuple[float, str] | None] = {}  # by tool
 
     @property
     def position(self) -> int:
@@ -185,7 +181,10 @@ class PartitionWorker:
 
     async def start(self) -> None:
         snapshot = await self._store.load(self.partition)
-        self.states, self.approvals = snapshot.states, snapshot.approvals
+        for key, book in snapshot.approvals.items():
+            self.cache.set_book(key, book)
+        for key, state in snapshot.states.items():
+            self.cache.set_state(key, state)  # unresolved: held, never evicted
         self.switches = snapshot.switches
         # Refused before a crash or a takeover while an earlier offset still ran: not decided
         # again on the re-read (a switch turned back on could otherwise let it run after
@@ -195,15 +194,14 @@ class PartitionWorker:
         self._stored_refused = sorted(self._skip)
         recovered: list[Event] = []
         now = self._stages.clock.now()
-        for key, state in list(self.states.items()):
+        for key, state in snapshot.states.items():
             if state.status is CallStatus.PENDING:
                 events = decide(state, Recover(now=now)).events
                 for event in events:
-                    self.states[key] = evolve(self.states[key], event) or state
+                    state = evolve(state, event) or state
+                self.cache.set_state(key, state)
                 recovered.extend(events)
-        self._unknown = {k for k, s in self.states.items() if s.status is CallStatus.UNKNOWN}
-        for key, state in self.states.items():
-            self._schedule_expiry(key, state)
+        self._unknown = set(self.cache.unresolved())
         if recovered:
             log.info(
                 "recovered in-flight calls as UNKNOWN",
@@ -213,7 +211,7 @@ class PartitionWorker:
                 CommitBatch(
                     self.partition,
                     recovered,
-                    {e.call_key: self.states[e.call_key] for e in recovered},
+                    {e.call_key: self._known(e.call_key) for e in recovered},
                 )
             )
             self._notify(recovered)
@@ -252,31 +250,50 @@ class PartitionWorker:
             self._spawn(intent.intent_id, self._stages.run_switch(intent, port, self.partition))
             return
         if isinstance(intent, ApprovalGranted | ApprovalDenied):
-            self._spawn(intent.call_key, self._stages.run_approval_decision(intent, port))
+            self._spawn(
+                intent.call_key,
+                self._stages.run_approval_decision(intent, port),
+                key=intent.call_key,
+            )
             return
         if isinstance(intent, ToolCallRejected):
             self._spawn(intent.intent_id, self._stages.run_door_refusal(intent, port))
             return
-        chain = intent.call_key if intent.envelope.idempotency_key else intent.intent_id
-        if chain in self._tails and self._refused_now(intent):
-            chain = intent.intent_id  # answered now, not after the running call: see below
-        self._spawn(chain, self._stages.run_intent(intent, port))
+        keyed = bool(intent.envelope.idempotency_key)
+        chain = intent.call_key if keyed else intent.intent_id
+        refused_on = self._refused_now(intent) if chain in self._tails else None
+        if refused_on is not None:  # answered now, not after the running call: see below
+            chain = intent.intent_id
+            port = _IntentPort(self, offset, frozen=refused_on)
+        self._spawn(
+            chain, self._stages.run_intent(intent, port), key=intent.call_key if keyed else None
+        )
 
-    def _refused_now(self, intent: ToolCallRequested) -> bool:
+    def _refused_now(self, intent: ToolCallRequested) -> _Frozen | None:
         """Invalid input, or the same key with other arguments while the key's first call is
-        known: refuse at once instead of after the call that holds the key.
+        known and cannot have expired by the intent's time: refuse at once instead of after
+        the call that holds the key. Returns the state it is decided on, taken now (None:
+        queued on the key's chain).
 
         Neither answer depends on the running call's outcome: admission looks at the intent
-        alone, and the first accepted digest of a key never changes.
+        alone, and until the key expires its first accepted digest never changes. The state
+        is taken now because the running call may expire the key and start it again meanwhile:
+        decided on that, the intent could run beside it.
         """
         try:
             admitted = self._stages.admit(intent)
         except Exception:  # admit answers bad input as data; anything else takes the chain
-            return False
+            return None
+        entry = self.cache.peek(intent.call_key)  # not loaded yet: decided on the chain
+        state = None if entry is None else entry.state
         if isinstance(admitted, ToolCallRejected):
-            return True
-        state = self.states.get(intent.call_key)
-        return state is not None and admitted.context.args_digest != state.args_digest
+            return _Frozen(state)  # refused before any state is looked at
+        if state is None or admitted.context.args_digest == state.args_digest:
+            return None
+        due = expires_at(state, self._stages.registry.policy(admitted.tool))
+        if due is not None and intent.envelope.occurred_at >= due:
+            return None  # the key may be new again for it: the chain decides
+        return _Frozen(state)
 
     async def drain(self) -> None:
         """Wait until everything fed so far is committed."""
@@ -292,6 +309,7 @@ class PartitionWorker:
         tasks = [*self._tasks, *self._background]
         for task in tasks:
             task.cancel()
+        self.cache.close()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
@@ -322,13 +340,21 @@ class PartitionWorker:
         )
         await self.commit((), letter.offset, dead_letter=letter)
 
-    def _spawn(self, chain: str, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(
+        self, chain: str, work: Coroutine[Any, Any, None], *, key: str | None = None
+    ) -> None:
+        """Run ``work`` after the chain's previous task. ``key``: the call key it reads or
+        writes, pinned in the cache from now until the work is done, and loaded before it."""
         previous = self._tails.get(chain)
+        if key is not None:
+            self.cache.pin(key)
 
         async def run() -> None:
             try:
                 if previous is not None:
                     await asyncio.wait([previous])
+                if key is not None:
+                    await self.cache.load(key)
                 await work
             except PartitionFailed:
                 pass
@@ -341,6 +367,8 @@ class PartitionWorker:
                 self._fail(exc)
             finally:
                 work.close()  # no-op if it ran; stops a never-started one from leaking
+                if key is not None:
+                    self.cache.unpin(key)
                 self._sem.release()
                 self._tasks.discard(task)
                 if self._tails.get(chain) is task:
@@ -422,7 +450,11 @@ class PartitionWorker:
     def _watch(self, task: asyncio.Task[None]) -> None:
         """A background task that ends with an error stops the partition (never silently)."""
         if not task.cancelled() and task.exception() is not None:
-            log.error("partition background task died", extra={"partition": self.partition})
+            log.error(
+                "partition background task died",
+                extra={"partition": self.partition},
+                exc_info=task.exception(),
+            )
             self._fail(task.exception() or RuntimeError("background task died"))
 
     def fail(self, exc: BaseException) -> None:
@@ -442,7 +474,7 @@ class PartitionWorker:
             await asyncio.sleep(self._sweep_interval_s)
             now = self._stages.clock.now()
             for key in sorted(self._unknown - self._sweeping):
-                state = self.states[key]
+                state = self._known(key)
                 tool = self._stages.registry.get(state.context.tool)
                 if tool is None or tool.reconcile is None:
                     continue
@@ -451,15 +483,16 @@ class PartitionWorker:
                     continue
                 await self._sem.acquire()
                 self._sweeping.add(key)
-                self._spawn(key, self._sweep(key))
+                self._spawn(key, self._sweep(key), key=key)
             await self._expire_due(now)
 
     def _evolve(self, event: Event, batch: CommitBatch) -> None:
         key = event.call_key
         if isinstance(event, APPROVAL_EVENTS):
-            book = evolve_approvals(self.approvals.get(key), event)
+            book = evolve_approvals(self.cache.book(key), event)
             if book is not None:
-                self.approvals[key] = batch.approvals[key] = book
+                self.cache.set_book(key, book)
+                batch.approvals[key] = book
         elif isinstance(event, ToolDisabled | ToolEnabled):
             switch = switch_of(event)
             self._apply_switch(switch)
@@ -468,14 +501,15 @@ class PartitionWorker:
             ]
         elif isinstance(event, ToolCallKeyExpired):
             # forgotten: the key is new again (the audit trail keeps its history)
-            self.states.pop(key, None)
-            self.approvals.pop(key, None)
+            self.cache.forget(key)
             self._unknown.discard(key)
             batch.states.pop(key, None)
             batch.approvals.pop(key, None)
             batch.expired.add(key)
+        elif isinstance(event, ToolCallRejected) or not event.envelope.idempotency_key:
+            pass  # a refusal or a read-only call: no key state (their keys are not loaded)
         else:
-            new = evolve(self.states.get(key), event)
+            new = evolve(self.cache.state(key), event)
             if new is not None:
                 self._set_state(key, new)
                 batch.states[key] = new
@@ -487,38 +521,41 @@ class PartitionWorker:
             self.switches[key] = switch
 
     def _set_state(self, key: str, state: CallState) -> None:
-        self.states[key] = state
+        self.cache.set_state(key, state)
         if state.status is CallStatus.UNKNOWN:
             self._unknown.add(key)
         else:
             self._unknown.discard(key)
-        self._schedule_expiry(key, state)
 
-    def _expires_at(self, state: CallState) -> datetime | None:
-        tool = self._stages.registry.get(state.context.tool)
-        return None if tool is None else expires_at(state, self._stages.registry.policy(tool))
-
-    def _schedule_expiry(self, key: str, state: CallState) -> None:
-        due = self._expires_at(state)
-        if due is not None:
-            heapq.heappush(self._expiries, (due, key))
+    def _known(self, key: str) -> CallState:
+        state = self.cache.state(key)
+        assert state is not None, f"{key} has no state"
+        return state
 
     async def _expire_due(self, now: datetime) -> None:
-        """Keys whose retention has passed get their expiry decided (one task each, on the
-        key's chain); an entry made stale by a later state change is dropped."""
-        while self._expiries and self._expiries[0][0] <= now:
-            _due, key = heapq.heappop(self._expiries)
-            state = self.states.get(key)
-            current = self._expires_at(state) if state is not None else None
-            if current is None or current > now:
-                continue  # forgotten, unresolved again, or a later entry is in the heap
-            book = self.approvals.get(key)
-            if key in self._tails or (book is not None and book.open_at(now)):
-                later = now + timedelta(seconds=max(self._sweep_interval_s, 1.0))
-                heapq.heappush(self._expiries, (later, key))  # look again later
+        """Keys whose retention may have passed get their expiry decided by the core (one
+        task each, on the key's chain). The store is asked per tool, with the tool's retention
+        as it is now, a page at a time from a cursor: a key kept by an open approval does not
+        hold the keys behind it back."""
+        for tool in self._stages.registry:
+            retention = self._stages.registry.policy(tool).key_retention_s
+            if retention is None:
                 continue
-            await self._sem.acquire()
-            self._spawn(key, self._stages.run_expiry(key, _IntentPort(self, None)))
+            settled_before = (now - timedelta(seconds=retention)).timestamp()
+            for _ in range(_EXPIRY_PAGES_PER_SWEEP):
+                after = self._expiry_cursors.get(tool.name)
+                page = await self._store.due(tool.name, settled_before, after, _EXPIRY_PAGE)
+                self._expiry_cursors[tool.name] = page[-1] if len(page) == _EXPIRY_PAGE else None
+                for _settled, key in page:
+                    if key in self._tails:
+                        continue  # in use: looked at again on a later pass
+                    await self._sem.acquire()
+                    if self._failed is not None:
+                        self._sem.release()
+                        return
+                    self._spawn(key, self._stages.run_expiry(key, _IntentPort(self, None)), key=key)
+                if len(page) < _EXPIRY_PAGE:
+                    break
 
     async def _sweep(self, key: str) -> None:
         try:
@@ -527,21 +564,32 @@ class PartitionWorker:
             self._sweeping.discard(key)
 
 
+@dataclass(frozen=True, slots=True)
+class _Frozen:
+    state: CallState | None
+
+
 class _IntentPort:
-    """The :class:`~processors.pipeline.CallPort` of one input record (or of a sweep)."""
+    """The :class:`~processors.pipeline.CallPort` of one input record (or of a sweep);
+    ``frozen``: the key's state as it was when the record was refused at once."""
 
-    __slots__ = ("_offset", "_worker", "epoch")
+    __slots__ = ("_frozen", "_offset", "_worker", "epoch")
 
-    def __init__(self, worker: PartitionWorker, offset: int | None) -> None:
+    def __init__(
+        self, worker: PartitionWorker, offset: int | None, *, frozen: _Frozen | None = None
+    ) -> None:
         self._worker = worker
         self._offset = offset
+        self._frozen = frozen
         self.epoch = worker.epoch
 
     def state(self, call_key: str) -> CallState | None:
-        return self._worker.states.get(call_key)
+        if self._frozen is not None:
+            return self._frozen.state
+        return self._worker.cache.state(call_key)
 
     def approvals(self, call_key: str) -> ApprovalBook | None:
-        return self._worker.approvals.get(call_key)
+        return self._worker.cache.book(call_key)
 
     def disabled(self, tenant_id: str, tool: str) -> Switch | None:
         return disabled_by(self._worker.switches, tenant_id, tool)

@@ -1,8 +1,9 @@
-"""A partition's executor state and its key/value form, shared by every store.
+"""What a partition's executor starts from, and the key/value pairs of its state.
 
 Call states are keyed by call key (a JSON array, so it never starts with a prefix below);
 approval books and switches are keyed by a prefix and their own key. The Kafka store writes
-these pairs to the compacted state topic, the embedded store to SQLite tables.
+these pairs to the compacted state topic; both stores keep them in the tables of
+:mod:`processors.runtime.state_table`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook, Switch
-
-if TYPE_CHECKING:
-    from processors.runtime.partition import CommitBatch
+from processors.runtime.batch import CommitBatch
 
 APPROVALS_PREFIX = "approvals:"
 SWITCH_PREFIX = "switch:"
@@ -25,46 +23,42 @@ REFUSED_KEY = "refused:"  # input offsets past the position already answered wit
 
 @dataclass(slots=True)
 class Snapshot:
-    """What a partition's executor knows: call states, approval books, switches."""
+    """What a partition's executor holds from its start: the unresolved calls (PENDING,
+    UNKNOWN) with their books, every switch and the refused offsets. Any other key's state
+    is read from the store when the key is used."""
 
     states: dict[str, CallState] = field(default_factory=dict)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
     refused: frozenset[int] = frozenset()
 
-    def restore(self, key: str, value: str | bytes | None) -> None:
-        """Take one stored pair back (a later pair for the same key replaces the earlier; a
-        tombstone, ``None``, deletes it: an expired key)."""
-        if value is None:
-            if key.startswith(APPROVALS_PREFIX):
-                self.approvals.pop(key.removeprefix(APPROVALS_PREFIX), None)
-            else:
-                self.states.pop(key, None)
-        elif key == REFUSED_KEY:
+    def restore(self, key: str, value: str | bytes) -> None:
+        """Take one stored governance pair back: a switch, or the refused offsets."""
+        if key == REFUSED_KEY:
             self.refused = frozenset(int(o) for o in json.loads(value))
-        elif key.startswith(APPROVALS_PREFIX):
-            self.approvals[key.removeprefix(APPROVALS_PREFIX)] = ApprovalBook.model_validate_json(
-                value
-            )
         elif key.startswith(SWITCH_PREFIX):
             self.switches[key.removeprefix(SWITCH_PREFIX)] = Switch.model_validate_json(value)
         else:
-            self.states[key] = CallState.model_validate_json(value)
+            raise ValueError(f"not a governance pair: {key!r}")
 
 
-def governance_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
-    """The batch's approval books, switches and refused offsets as stored pairs."""
-    for key, book in batch.approvals.items():
-        yield APPROVALS_PREFIX + key, book.model_dump_json()
+def switch_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
+    """The batch's switches and refused offsets as stored pairs."""
     for key, switch in batch.switches.items():
         yield SWITCH_PREFIX + key, switch.model_dump_json()
     if batch.refused is not None:
         yield REFUSED_KEY, json.dumps(batch.refused)
 
 
-def expired_pairs(batch: CommitBatch) -> Iterator[str]:
-    """The governance keys of the batch's expired call keys (their approval books), to delete
-    (embedded) or tombstone (the state topic) with the call states themselves."""
+def topic_pairs(batch: CommitBatch) -> Iterator[tuple[str, str | None]]:
+    """Every pair the batch writes to the compacted state topic, tombstones (``None``) for
+    the expired keys first: compaction then drops their earlier records."""
     for key in batch.expired:
+        yield key, None
         if key not in batch.approvals:  # not a book the new call with the key just opened
-            yield APPROVALS_PREFIX + key
+            yield APPROVALS_PREFIX + key, None
+    for key, state in batch.states.items():
+        yield key, state.model_dump_json()
+    for key, book in batch.approvals.items():
+        yield APPROVALS_PREFIX + key, book.model_dump_json()
+    yield from switch_pairs(batch)

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from processors.runtime import state_table
+from processors.runtime.batch import CommitBatch
 from processors.runtime.ledger_file import (
     LedgerFileError,
     check_identity,
@@ -25,8 +27,8 @@ from processors.runtime.ledger_file import (
     traces,
     write_failure,
 )
-from processors.runtime.partition import CommitBatch
-from processors.runtime.snapshot import Snapshot, expired_pairs, governance_pairs
+from processors.runtime.snapshot import Snapshot
+from processors.runtime.state_table import KeyEntry, Reader, transaction
 from projections import sqlite as projection
 from projections.rows import Position
 from schemas.codec import CodecError, decode
@@ -50,12 +52,6 @@ CREATE TABLE IF NOT EXISTS log (
 CREATE TABLE IF NOT EXISTS positions (
     consumer TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     next_offset INTEGER NOT NULL, PRIMARY KEY (consumer, topic, partition));
-CREATE TABLE IF NOT EXISTS call_state (
-    call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, state_json TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS call_state_by_partition ON call_state (partition);
-CREATE TABLE IF NOT EXISTS executor_state (
-    partition INTEGER NOT NULL, key TEXT NOT NULL, value_json TEXT NOT NULL,
-    PRIMARY KEY (partition, key));
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     offset INTEGER NOT NULL, reason TEXT NOT NULL, value BLOB NOT NULL,
@@ -98,6 +94,7 @@ class SqliteLog:
             self._unlock()
             raise
         self._next: dict[tuple[str, int], int] = {}
+        self._reader = Reader(self.path)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -156,12 +153,14 @@ class SqliteLog:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{projection.DDL}COMMIT;")
-        with _tx(conn):
+        with transaction(conn):
+            state_table.migrate(conn)
+            state_table.create(conn)
             projection.migrate(conn)
         return conn
 
     def _init_meta(self, partitions: int) -> int:
-        with _tx(self.conn):
+        with transaction(self.conn):
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
             self.conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(partitions),)
@@ -176,7 +175,7 @@ class SqliteLog:
         return int(self.meta("partitions"))
 
     def _bump_epoch(self) -> int:
-        with _tx(self.conn):
+        with transaction(self.conn):
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', '0')")
             self.conn.execute("UPDATE meta SET v = CAST(v AS INTEGER) + 1 WHERE k = 'epoch'")
         return int(self.meta("epoch"))
@@ -190,7 +189,7 @@ class SqliteLog:
     def probe(self) -> None:
         """One small committed write (raises if the ledger cannot commit now: a full disk, a
         read-only file system)."""
-        with _tx(self.conn):
+        with transaction(self.conn):
             self.conn.execute(
                 "INSERT INTO meta VALUES ('write_probe', '1') ON CONFLICT (k) "
                 "DO UPDATE SET v = CAST(v AS INTEGER) + 1"
@@ -203,6 +202,7 @@ class SqliteLog:
         except sqlite3.Error as exc:  # e.g. a full disk: the WAL stays, and is replayed
             log.warning("WAL checkpoint failed", extra={"path": str(self.path), "error": str(exc)})
         finally:
+            self._reader.close()
             self.conn.close()
             self._unlock()
 
@@ -231,7 +231,7 @@ class SqliteLog:
     def append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
         """Append ``(partition, key, value)`` records in one transaction; return their offsets."""
         try:
-            with _tx(self.conn):
+            with transaction(self.conn):
                 return self._append(topic, records)
         except BaseException:
             self._next.clear()
@@ -274,14 +274,25 @@ class SqliteLog:
     # -- executor state -----------------------------------------------------------------------
 
     def load(self, partition: int) -> Snapshot:
-        snapshot = Snapshot()
-        for key, value_json in self.conn.execute(
-            "SELECT call_key, state_json FROM call_state WHERE partition = ? UNION ALL "
-            "SELECT key, value_json FROM executor_state WHERE partition = ?",
-            (partition, partition),
-        ):
-            snapshot.restore(key, value_json)
-        return snapshot
+        return state_table.live(self.conn, partition)
+
+    def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
+        """Stored call keys, as of the last commit; safe to call from another thread (it has
+        its own connection: WAL readers neither block nor see a write in progress)."""
+        return state_table.read(self._reader.connection(), keys)
+
+    def due(
+        self,
+        partition: int,
+        tool: str,
+        settled_before: float,
+        after: tuple[float, str] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        """See :func:`state_table.due`; like :meth:`read_keys`, from any thread."""
+        return state_table.due(
+            self._reader.connection(), partition, tool, settled_before, after, limit
+        )
 
     def write(
         self,
@@ -291,7 +302,7 @@ class SqliteLog:
         """One transaction (one fsync) for appended intents and executor batches of any
         partitions; returns the intents' offsets."""
         try:
-            with _tx(self.conn):
+            with transaction(self.conn):
                 offsets = self._append(INTENTS, intents) if intents else []
                 for batch, encoded in batches:
                     self._commit_batch(batch, encoded)
@@ -303,23 +314,7 @@ class SqliteLog:
     def _commit_batch(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
         """Outcome events, call states, dead letters, projections and the position."""
         offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
-        self.conn.executemany(
-            "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
-            "DO UPDATE SET state_json = excluded.state_json",
-            [(k, batch.partition, s.model_dump_json()) for k, s in batch.states.items()],
-        )
-        self.conn.executemany(
-            "INSERT INTO executor_state VALUES (?, ?, ?) ON CONFLICT (partition, key) "
-            "DO UPDATE SET value_json = excluded.value_json",
-            [(batch.partition, k, v) for k, v in governance_pairs(batch)],
-        )
-        if batch.expired:  # expired keys: the state goes, not the audit trail
-            forgotten = [(k,) for k in batch.expired]
-            self.conn.executemany("DELETE FROM call_state WHERE call_key = ?", forgotten)
-            self.conn.executemany(
-                "DELETE FROM executor_state WHERE partition = ? AND key = ?",
-                [(batch.partition, key) for key in expired_pairs(batch)],
-            )
+        state_table.put_batch(self.conn, batch)  # expired keys: the state goes, not the audit
         self.conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -342,7 +337,7 @@ class SqliteLog:
 
     def rebuild_projections(self) -> int:
         """Drop the projections and fold them again from the outcome log; returns events read."""
-        with _tx(self.conn):
+        with transaction(self.conn):
             projection.drop(self.conn)
             for statement in projection.DDL.split(";"):
                 if statement.strip():
@@ -350,17 +345,3 @@ class SqliteLog:
             events = list(self.events())
             projection.apply(self.conn, events)
         return len(events)
-
-
-class _tx:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")

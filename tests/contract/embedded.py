@@ -22,7 +22,11 @@ class EmbeddedHarness(Harness):
 
     async def start(self) -> None:
         self.ledger = EmbeddedLedger(
-            self.workdir / "ledger.db", self.registry, sweep_interval_s=0.1, create=True
+            self.workdir / "ledger.db",
+            self.registry,
+            sweep_interval_s=0.1,
+            create=True,
+            **({} if self.cache_entries is None else {"cache_entries": self.cache_entries}),
         )
         await self.ledger.start()
 

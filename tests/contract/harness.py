@@ -31,8 +31,11 @@ class Harness(ABC):
     name: str
     store: HelpdeskStore
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, cache_entries: int | None = None) -> None:
+        """``cache_entries``: the executor's key cache (None: its default; 1: every key but
+        the running ones is read from the store when used)."""
         self.workdir = workdir
+        self.cache_entries = cache_entries
         self.store = HelpdeskStore(workdir / "downstream.db")
         self.registry = contract_registry(self.store)
 

@@ -31,8 +31,10 @@ SECRET = b"contract-suite-redaction-key-0123456789"
 class KafkaHarness(Harness):
     name = "kafka"
 
-    def __init__(self, workdir: Path, services: Services) -> None:
-        super().__init__(workdir)
+    def __init__(
+        self, workdir: Path, services: Services, *, cache_entries: int | None = None
+    ) -> None:
+        super().__init__(workdir, cache_entries=cache_entries)
         self.services = services
         self.topics = Topics(prefix=f"c{uuid.uuid4().hex[:10]}.", partitions=4)
         self.executor: KafkaExecutor | None = None
@@ -63,6 +65,8 @@ class KafkaHarness(Harness):
             Stages(self.registry, Redactor(SECRET)),
             session_timeout_ms=6000,
             sweep_interval_s=0.1,
+            state_dir=self.workdir / "executor-state",  # kept across restarts: warm stores
+            **({} if self.cache_entries is None else {"cache_entries": self.cache_entries}),
         )
         await self.executor.start()
         await self.executor.assigned.wait()

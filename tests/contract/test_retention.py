@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
+from processors.tools.retention import FOREVER
 from schemas.keys import CallKey
 from tests.contract.harness import ACME, Harness, eventually
 
@@ -67,6 +68,8 @@ async def test_a_finished_key_expires_then_executes_as_a_new_call(ledger: Harnes
     assert first.ok and not first.replayed
     row = await _expired_row(ledger, first.call_id)  # the executor's sweeper expires it
     assert row["status"] == "SUCCEEDED"  # the finished call stays findable, marked expired
+    # kept from now on: the new call's own expiry, a second later, is not what is counted here
+    ledger.registry.set_default_key_retention(FOREVER)
     again = await ledger.client.call("create_ticket", args, idempotency_key="k-ret", context=ACME)
     assert again.ok and not again.replayed and again.attempts == 1
     assert again.result != first.result

@@ -19,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from processors.ledger import CallState, Found, NotHappened, ReconcileOutcome
+from processors.ledger import Found, NotHappened, ReconcileOutcome
 from processors.pipeline import Stages
-from processors.runtime.partition import CommitBatch, PartitionWorker
-from processors.runtime.snapshot import Snapshot
+from processors.runtime.partition import PartitionWorker
 from processors.tools.manifest import (
     RetryPolicy,
     Tool,
@@ -34,9 +33,10 @@ from processors.tools.manifest import (
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.codec import decode, encode
-from schemas.events import Envelope, Event, ToolCallRejected, ToolCallRequested, answers_intent
+from schemas.events import Envelope, ToolCallRejected, ToolCallRequested, answers_intent
 from schemas.keys import CallKey
 from schemas.status import CallStatus
+from tests.unit.memory_store import Crash, MemoryStore
 
 
 class Args(BaseModel):
@@ -70,45 +70,6 @@ class Downstream:
         if self.effects[ctx.idempotency_key]:
             return Found(json.dumps({"value": -1}))
         return NotHappened()
-
-
-class Crash(Exception):
-    pass
-
-
-@dataclass
-class MemoryStore:
-    """Durable state of one partition; ``crash_at`` makes that commit fail (the process dies)."""
-
-    states: dict[str, CallState] = field(default_factory=dict)
-    position: int = 0
-    outcomes: list[Event] = field(default_factory=list)
-    commits: int = 0
-    crash_at: int | None = None
-
-    snapshot: Snapshot = field(default_factory=Snapshot)  # approvals and switches
-
-    async def load(self, partition: int) -> Snapshot:
-        return Snapshot(
-            dict(self.states),
-            dict(self.snapshot.approvals),
-            dict(self.snapshot.switches),
-            self.snapshot.refused,
-        )
-
-    async def commit(self, batch: CommitBatch) -> None:
-        self.commits += 1
-        if self.crash_at is not None and self.commits == self.crash_at:
-            raise Crash(f"crash at commit {self.commits}")
-        await asyncio.sleep(0)
-        self.outcomes.extend(batch.events)
-        self.states.update(batch.states)
-        self.snapshot.approvals.update(batch.approvals)
-        self.snapshot.switches.update(batch.switches)
-        if batch.refused is not None:
-            self.snapshot.refused = frozenset(batch.refused)
-        if batch.next_offset is not None:
-            self.position = batch.next_offset
 
 
 def _registry(downstream: Downstream, *, approval: bool = False) -> ToolRegistry:
@@ -156,10 +117,19 @@ def _intent(
     )
 
 
-async def _run_until_done(log: list[bytes], store: MemoryStore, stages: Stages) -> bool:
+async def _run_until_done(
+    log: list[bytes], store: MemoryStore, stages: Stages, cache_entries: int = 1024
+) -> bool:
     """Run a worker over the log from the stored position; False if it crashed."""
     worker = PartitionWorker(
-        0, store.position, store, stages, epoch=1, concurrency=8, sweep_interval_s=0.01
+        0,
+        store.position,
+        store,
+        stages,
+        epoch=1,
+        concurrency=8,
+        sweep_interval_s=0.01,
+        cache_entries=cache_entries,
     )
     try:
         await worker.start()
@@ -180,6 +150,7 @@ async def _run_until_done(log: list[bytes], store: MemoryStore, stages: Stages) 
 
 
 KEYS = ["a", "b", "c", "d"]
+CACHE_SIZES = st.sampled_from([1, 2, 1024])  # 1 and 2: nearly every use of a key is a miss
 schedule = st.lists(
     st.tuples(
         st.sampled_from(KEYS), st.integers(0, 1), st.sampled_from(["ok", "ok", "flaky", "hang"])
@@ -191,10 +162,13 @@ schedule = st.lists(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    schedule=schedule, crash_at=st.one_of(st.none(), st.integers(1, 12)), seed=st.integers(0, 2**16)
+    schedule=schedule,
+    crash_at=st.one_of(st.none(), st.integers(1, 12)),
+    seed=st.integers(0, 2**16),
+    cache=CACHE_SIZES,
 )
 def test_any_schedule_with_a_crash_executes_each_key_at_most_once(
-    schedule: list[tuple[str, int, str]], crash_at: int | None, seed: int
+    schedule: list[tuple[str, int, str]], crash_at: int | None, seed: int, cache: int
 ) -> None:
     random.seed(seed)
     downstream = Downstream()
@@ -206,7 +180,7 @@ def test_any_schedule_with_a_crash_executes_each_key_at_most_once(
     async def scenario() -> MemoryStore:
         store = MemoryStore(crash_at=crash_at)
         for _ in range(3):  # a crash kills the worker; a new one takes over from the store
-            if await _run_until_done(log, store, stages):
+            if await _run_until_done(log, store, stages, cache):
                 break
             store.crash_at = None
         return store
@@ -276,9 +250,14 @@ STEPS = st.lists(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=STEPS, crash_at=st.one_of(st.none(), st.integers(1, 10)), seed=st.integers(0, 999))
+@given(
+    steps=STEPS,
+    crash_at=st.one_of(st.none(), st.integers(1, 10)),
+    seed=st.integers(0, 999),
+    cache=CACHE_SIZES,
+)
 def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
-    steps: list[str], crash_at: int | None, seed: int
+    steps: list[str], crash_at: int | None, seed: int, cache: int
 ) -> None:
     """Asks, the operator's grant, uses of the token (right call, another key, other
     arguments) and switches in any order, with a crash at any commit: the approved call runs
@@ -309,7 +288,7 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     async def scenario() -> MemoryStore:
         store = MemoryStore(crash_at=crash_at)
         for _ in range(3):
-            if await _run_until_done(log, store, stages):
+            if await _run_until_done(log, store, stages, cache):
                 break
             store.crash_at = None
         return store

@@ -1,0 +1,158 @@
+"""A Kafka executor's local store of one owned partition: what Kafka Streams keeps in RocksDB.
+
+The tables of :mod:`processors.runtime.state_table` in an SQLite file on local disk, a cache
+of the partition of the compacted ``state`` topic, with the changelog offset it reflects
+(the *checkpoint*), written in the same transaction as the pairs it covers. So:
+
+* a restart on the same disk reads only the topic's tail, from the checkpoint;
+* a takeover on a new host (no file) restores the partition once, into the file; the
+  executor's memory holds only its working set (:mod:`processors.runtime.key_cache`);
+* a file that does not belong to this topic partition (another cluster, group, topic or
+  partition count), that is ahead of its topic (the topic was recreated), or that cannot be
+  read is rebuilt from the topic, with a log line: it is only a cache, never the truth.
+
+Durability: ``synchronous=NORMAL`` in WAL mode (no fsync per commit). A crash of the process
+loses nothing; a power loss may lose the last commits *with* their checkpoint, and the next
+start reads them from the topic again.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from processors.runtime import state_table
+from processors.runtime.batch import CommitBatch
+from processors.runtime.snapshot import Snapshot
+from processors.runtime.state_table import KeyEntry, Reader, transaction
+
+log = logging.getLogger("toolledger.kafka")
+
+FORMAT = "toolledger-local-store/1"
+
+_META = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
+
+
+class LocalStore:
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        """Open the store at ``path`` for the partition ``identity`` names (cluster, group,
+        topic, partition, partition count); a store of anything else is rebuilt empty."""
+        self.path = Path(path)
+        self.identity = {"format": FORMAT, **identity}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = self._open()
+        except sqlite3.DatabaseError as exc:
+            self.rebuild(f"it cannot be read ({exc})")
+        self._reader = Reader(self.path)
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_META)
+            stored = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+            if stored and stored.get("identity") != _render(self.identity):
+                raise _Mismatch(stored.get("identity", "none"))
+            conn.execute("BEGIN IMMEDIATE")
+            state_table.create(conn)
+            if not stored:
+                conn.executemany(
+                    "INSERT INTO meta VALUES (?, ?)",
+                    [("identity", _render(self.identity)), ("checkpoint", "0")],
+                )
+            conn.execute("COMMIT")
+            return conn
+        except _Mismatch as mismatch:
+            conn.close()
+            return self._rebuilt(f"it belongs to {mismatch}, not {_render(self.identity)}")
+        except BaseException:
+            conn.close()
+            raise
+
+    def rebuild(self, why: str) -> None:
+        """Drop the file and start empty (checkpoint 0): the topic is read from its start."""
+        self.conn = self._rebuilt(why)
+
+    def _rebuilt(self, why: str) -> sqlite3.Connection:
+        log.warning(
+            "local state store rebuilt from the state topic",
+            extra={"path": str(self.path), "reason": why},
+        )
+        old = getattr(self, "conn", None)
+        if old is not None:
+            old.close()
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        return self._open()
+
+    def close(self) -> None:
+        self._reader.close()
+        self.conn.close()
+
+    # -- the changelog ------------------------------------------------------------------------
+
+    @property
+    def checkpoint(self) -> int:
+        """The next offset of the state topic partition this store has not seen."""
+        row = self.conn.execute("SELECT v FROM meta WHERE k = 'checkpoint'").fetchone()
+        return int(row[0])
+
+    def apply(self, pairs: Iterable[tuple[str, bytes | None]], checkpoint: int) -> None:
+        """Pairs read from the topic, and the offset after them, in one transaction."""
+        with transaction(self.conn):
+            state_table.put_pairs(self.conn, self.identity_partition, pairs)
+            self._set_checkpoint(checkpoint)
+
+    def put(self, batch: CommitBatch, checkpoint: int | None) -> None:
+        """A batch this owner committed to the topic (``checkpoint``: the offset after its
+        last state record; None: it wrote none)."""
+        with transaction(self.conn):
+            state_table.put_batch(self.conn, batch)
+            if checkpoint is not None:
+                self._set_checkpoint(checkpoint)
+
+    def _set_checkpoint(self, checkpoint: int) -> None:
+        self.conn.execute("UPDATE meta SET v = ? WHERE k = 'checkpoint'", (str(checkpoint),))
+
+    @property
+    def identity_partition(self) -> int:
+        return int(self.identity["partition"])
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def live(self) -> Snapshot:
+        return state_table.live(self.conn, self.identity_partition)
+
+    def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
+        """From any thread (its own connection)."""
+        return state_table.read(self._reader.connection(), keys)
+
+    def due(
+        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[float, str]]:
+        """From any thread (its own connection)."""
+        return state_table.due(
+            self._reader.connection(),
+            self.identity_partition,
+            tool,
+            settled_before,
+            after,
+            limit,
+        )
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _render(identity: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={identity[k]}" for k in sorted(identity))

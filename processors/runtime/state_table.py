@@ -1,0 +1,291 @@
+"""A partition's executor state in SQLite: one row per call key, holding its call state and
+its approval book, beside the partition's switches and refused offsets.
+
+Used by both backends with the same statements: the embedded log keeps these tables in its
+ledger file (written in the same transaction as the outcome events), and the Kafka executor
+keeps them in a local store per owned partition, a cache of the compacted state topic.
+
+A row carries what the executor asks of the store without reading the state itself:
+
+* ``tool`` and ``settled_at`` (epoch seconds of the state's last change, NULL while the call
+  is PENDING or UNKNOWN): which keys' retention may have passed, asked per tool with the
+  tool's *current* retention, so a changed retention applies to every stored key;
+* ``settled_at IS NULL AND state_json IS NOT NULL``: the unresolved keys, loaded at start
+  (they are few: running or in doubt) and never evicted from the executor's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from processors.ledger import CallState
+from processors.ledger.governance import ApprovalBook
+from processors.runtime.batch import CommitBatch
+from processors.runtime.snapshot import (
+    APPROVALS_PREFIX,
+    REFUSED_KEY,
+    SWITCH_PREFIX,
+    Snapshot,
+    switch_pairs,
+)
+from schemas.status import CallStatus
+
+DDL = """
+CREATE TABLE IF NOT EXISTS call_state (
+    call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, tool TEXT, settled_at REAL,
+    state_json TEXT, book_json TEXT);
+CREATE INDEX IF NOT EXISTS call_state_settled ON call_state (partition, tool, settled_at)
+    WHERE settled_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS call_state_unresolved ON call_state (partition)
+    WHERE settled_at IS NULL AND state_json IS NOT NULL;
+CREATE TABLE IF NOT EXISTS executor_state (
+    partition INTEGER NOT NULL, key TEXT NOT NULL, value_json TEXT NOT NULL,
+    PRIMARY KEY (partition, key));
+"""
+
+_UNRESOLVED = frozenset({CallStatus.PENDING.value, CallStatus.UNKNOWN.value})
+_READ_CHUNK = 500  # keys per statement: well under SQLite's limit of bound parameters
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    """What the store holds for one call key; both None: the key is unused (or expired)."""
+
+    state: CallState | None = None
+    book: ApprovalBook | None = None
+
+
+class transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class Reader:
+    """A second connection to a state file, for reads from worker threads: a WAL reader
+    sees the last commit, never a write in progress, and blocks no writer."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def connection(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._conn is None:
+                self._conn = sqlite3.connect(
+                    self._path, isolation_level=None, check_same_thread=False
+                )
+            return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def settled_at(status: str, updated_at: datetime) -> float | None:
+    return None if status in _UNRESOLVED else updated_at.timestamp()
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a ledger file of an earlier layout (states only, books in ``executor_state``) to
+    this one, in the caller's transaction; a no-op once done."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(call_state)")}
+    if not columns or "book_json" in columns:
+        return
+    conn.execute("DROP INDEX IF EXISTS call_state_by_partition")
+    conn.execute("ALTER TABLE call_state RENAME TO call_state_v0")
+    create(conn)
+    for key, partition, state_json in conn.execute(
+        "SELECT call_key, partition, state_json FROM call_state_v0"
+    ).fetchall():
+        _upsert_state(conn, key, partition, state_json, CallState.model_validate_json(state_json))
+    prefix = len(APPROVALS_PREFIX)
+    for partition, key, book_json in conn.execute(
+        "SELECT partition, key, value_json FROM executor_state WHERE key LIKE 'approvals:%'"
+    ).fetchall():
+        _upsert_book(conn, key[prefix:], partition, book_json)
+    conn.execute("DELETE FROM executor_state WHERE key LIKE 'approvals:%'")
+    conn.execute("DROP TABLE call_state_v0")
+
+
+def _statements(script: str) -> list[str]:
+    return [s for s in script.split(";") if s.strip()]
+
+
+def create(conn: sqlite3.Connection) -> None:
+    for statement in _statements(DDL):
+        conn.execute(statement)
+
+
+# -- writes -------------------------------------------------------------------------------
+
+
+def put_batch(conn: sqlite3.Connection, batch: CommitBatch) -> None:
+    """The batch's state changes, in the caller's transaction. An expired key's row goes
+    first: a book the new call with the key opened in the same batch is written after it."""
+    p = batch.partition
+    if batch.expired:
+        conn.executemany("DELETE FROM call_state WHERE call_key = ?", [(k,) for k in batch.expired])
+    for key, state in batch.states.items():
+        _upsert_state(conn, key, p, state.model_dump_json(), state)
+    for key, book in batch.approvals.items():
+        _upsert_book(conn, key, p, book.model_dump_json())
+    _put_governance(conn, p, switch_pairs(batch))
+
+
+def put_pairs(
+    conn: sqlite3.Connection, partition: int, pairs: Iterable[tuple[str, bytes | None]]
+) -> None:
+    """Pairs of the state topic, in log order (a ``None`` value is a tombstone)."""
+    for key, value in pairs:
+        text = None if value is None else value.decode("utf-8")
+        if key.startswith(APPROVALS_PREFIX):
+            call_key = key.removeprefix(APPROVALS_PREFIX)
+            if text is None:
+                conn.execute(
+                    "UPDATE call_state SET book_json = NULL WHERE call_key = ?", (call_key,)
+                )
+                _drop_if_empty(conn, call_key)
+            else:
+                _upsert_book(conn, call_key, partition, text)
+        elif key.startswith(SWITCH_PREFIX) or key == REFUSED_KEY:
+            if text is None:
+                conn.execute(
+                    "DELETE FROM executor_state WHERE partition = ? AND key = ?", (partition, key)
+                )
+            else:
+                _put_governance(conn, partition, [(key, text)])
+        elif text is None:
+            conn.execute(
+                "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
+                "WHERE call_key = ?",
+                (key,),
+            )
+            _drop_if_empty(conn, key)
+        else:
+            _upsert_state(conn, key, partition, text, None)
+
+
+def _upsert_state(
+    conn: sqlite3.Connection, key: str, partition: int, state_json: str, state: CallState | None
+) -> None:
+    if state is not None:
+        tool, settled = state.context.tool, settled_at(state.status.value, state.updated_at)
+    else:  # from the topic: only the three fields the row needs, not a full validation
+        raw = json.loads(state_json)
+        tool = raw["context"]["tool"]
+        settled = settled_at(raw["status"], datetime.fromisoformat(raw["updated_at"]))
+    conn.execute(
+        "INSERT INTO call_state (call_key, partition, tool, settled_at, state_json) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (call_key) DO UPDATE SET tool = excluded.tool, "
+        "settled_at = excluded.settled_at, state_json = excluded.state_json",
+        (key, partition, tool, settled, state_json),
+    )
+
+
+def _upsert_book(conn: sqlite3.Connection, key: str, partition: int, book_json: str) -> None:
+    conn.execute(
+        "INSERT INTO call_state (call_key, partition, book_json) VALUES (?, ?, ?) "
+        "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json",
+        (key, partition, book_json),
+    )
+
+
+def _drop_if_empty(conn: sqlite3.Connection, key: str) -> None:
+    conn.execute(
+        "DELETE FROM call_state WHERE call_key = ? AND state_json IS NULL AND book_json IS NULL",
+        (key,),
+    )
+
+
+def _put_governance(
+    conn: sqlite3.Connection, partition: int, pairs: Iterable[tuple[str, str]]
+) -> None:
+    conn.executemany(
+        "INSERT INTO executor_state VALUES (?, ?, ?) ON CONFLICT (partition, key) "
+        "DO UPDATE SET value_json = excluded.value_json",
+        [(partition, k, v) for k, v in pairs],
+    )
+
+
+# -- reads --------------------------------------------------------------------------------
+
+
+def read(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, KeyEntry]:
+    """The stored entries of ``keys`` (a key with no row is absent from the answer)."""
+    found: dict[str, KeyEntry] = {}
+    for start in range(0, len(keys), _READ_CHUNK):
+        chunk = keys[start : start + _READ_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for key, state_json, book_json in conn.execute(
+            f"SELECT call_key, state_json, book_json FROM call_state WHERE call_key IN ({marks})",
+            chunk,
+        ):
+            found[key] = KeyEntry(
+                None if state_json is None else CallState.model_validate_json(state_json),
+                None if book_json is None else ApprovalBook.model_validate_json(book_json),
+            )
+    return found
+
+
+def live(conn: sqlite3.Connection, partition: int) -> Snapshot:
+    """What a partition's executor holds from the start: its unresolved calls (with their
+    books), its switches and its refused offsets; every other key is read when it is used."""
+    snapshot = Snapshot()
+    for key, state_json, book_json in conn.execute(
+        "SELECT call_key, state_json, book_json FROM call_state "
+        "WHERE partition = ? AND settled_at IS NULL AND state_json IS NOT NULL",
+        (partition,),
+    ):
+        snapshot.states[key] = CallState.model_validate_json(state_json)
+        if book_json is not None:
+            snapshot.approvals[key] = ApprovalBook.model_validate_json(book_json)
+    for key, value_json in conn.execute(
+        "SELECT key, value_json FROM executor_state WHERE partition = ?", (partition,)
+    ):
+        snapshot.restore(key, value_json)
+    return snapshot
+
+
+def due(
+    conn: sqlite3.Connection,
+    partition: int,
+    tool: str,
+    settled_before: float,
+    after: tuple[float, str] | None,
+    limit: int,
+) -> list[tuple[float, str]]:
+    """Keys of ``tool`` settled at or before ``settled_before`` (their retention may have
+    passed), oldest first, after the cursor ``after`` (the last one of the previous page)."""
+    if after is None:
+        rows = conn.execute(
+            "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
+            "AND settled_at IS NOT NULL AND settled_at <= ? ORDER BY settled_at, call_key "
+            "LIMIT ?",
+            (partition, tool, settled_before, limit),
+        )
+    else:
+        rows = conn.execute(
+            "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
+            "AND settled_at IS NOT NULL AND settled_at <= ? AND (settled_at, call_key) > (?, ?) "
+            "ORDER BY settled_at, call_key LIMIT ?",
+            (partition, tool, settled_before, *after, limit),
+        )
+    return [(float(s), str(k)) for s, k in rows]
