@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import INTENTS
 from producers.client import LedgerClient
 from tests.contract.harness import Harness
@@ -26,7 +27,7 @@ class EmbeddedHarness(Harness):
             self.registry,
             sweep_interval_s=0.1,
             create=True,
-            **({} if self.cache_entries is None else {"cache_entries": self.cache_entries}),
+            cache_entries=self.cache_entries or DEFAULT_CACHE_ENTRIES,
         )
         await self.ledger.start()
 

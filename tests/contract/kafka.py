@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaProducer
 
 from processors.pipeline import Stages
 from processors.runtime.kafka import KafkaExecutor
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.redaction import Redactor
 from producers.client import LedgerClient
 from producers.kafka import KafkaTransport
@@ -66,7 +67,7 @@ class KafkaHarness(Harness):
             session_timeout_ms=6000,
             sweep_interval_s=0.1,
             state_dir=self.workdir / "executor-state",  # kept across restarts: warm stores
-            **({} if self.cache_entries is None else {"cache_entries": self.cache_entries}),
+            cache_entries=self.cache_entries or DEFAULT_CACHE_ENTRIES,
         )
         await self.executor.start()
         await self.executor.assigned.wait()
