@@ -81,7 +81,9 @@ class LocalStore:
 
     def _rebuilt(self, why: str) -> sqlite3.Connection:
         log.warning(
-            "local state store rebuilt from the state topic",
+            "local state store %s rebuilt from the state topic: %s",
+            self.path,
+            why,
             extra={"path": str(self.path), "reason": why},
         )
         old = getattr(self, "conn", None)

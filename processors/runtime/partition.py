@@ -509,8 +509,9 @@ class PartitionWorker:
         elif isinstance(event, ToolCallRejected) or not event.envelope.idempotency_key:
             pass  # a refusal or a read-only call: no key state (their keys are not loaded)
         else:
-            new = evolve(self.cache.state(key), event)
-            if new is not None:
+            old = self.cache.state(key)
+            new = evolve(old, event)
+            if new is not None and new is not old:  # a replay leaves it as it is: not rewritten
                 self._set_state(key, new)
                 batch.states[key] = new
                 batch.expired.discard(key)  # expired and started again in one batch

@@ -1,0 +1,228 @@
+"""The executor's state tables on both backends: the embedded file's earlier layout is
+migrated, a Kafka local store's two ways in (its own commits, the topic's pairs) agree, and
+a local store of anything else, or a damaged one, is rebuilt instead of used."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from processors.ledger import CallContext, CallState
+from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
+from processors.runtime import state_table
+from processors.runtime.batch import CommitBatch
+from processors.runtime.local_store import LocalStore
+from processors.runtime.snapshot import topic_pairs
+from processors.tools.manifest import Tool, ToolContext, ToolDescription
+from processors.tools.registry import ToolRegistry
+from producers.client import TrustedContext
+from schemas.keys import CallKey
+from schemas.status import CallStatus
+from toolledger.embedded import EmbeddedLedger
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+IDENTITY = {"cluster": "c1", "group": "g", "topic": "t.state", "partition": "0", "partitions": "4"}
+
+
+def _state(key: str, status: CallStatus, at: datetime = T0) -> CallState:
+    parsed = CallKey.parse(key)
+    return CallState(
+        status=status,
+        context=CallContext(
+            call_key=key,
+            tenant_id=parsed.tenant_id,
+            tool=parsed.tool,
+            tool_version="1",
+            idempotency_key=parsed.idempotency_key,
+            args_digest="d",
+            intent_id="i",
+        ),
+        first_intent_id="i",
+        created_at=at,
+        updated_at=at,
+        last_event_id="e",
+    )
+
+
+def _book(approval_id: str) -> ApprovalBook:
+    return ApprovalBook(
+        items=(
+            Approval(
+                approval_id=approval_id,
+                args_digest="d",
+                status=ApprovalStatus.PENDING,
+                expires_at=T0 + timedelta(hours=1),
+            ),
+        )
+    )
+
+
+def _rows(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+    return (
+        conn.execute("SELECT * FROM call_state ORDER BY call_key").fetchall()
+        + conn.execute("SELECT * FROM executor_state ORDER BY key").fetchall()
+    )
+
+
+KEYS = [str(CallKey("acme", "op", k)) for k in ("a", "b", "c")]
+
+
+def _batches() -> list[CommitBatch]:
+    a, b, c = KEYS
+    return [
+        CommitBatch(
+            0,
+            states={a: _state(a, CallStatus.PENDING), b: _state(b, CallStatus.SUCCEEDED)},
+            approvals={c: _book("apr_1")},
+            refused=[7],
+        ),
+        CommitBatch(0, states={a: _state(a, CallStatus.UNKNOWN, T0 + timedelta(seconds=5))}),
+        CommitBatch(0, expired={b}, approvals={b: _book("apr_2")}),  # expired, asked again
+        CommitBatch(0, expired={c}),
+    ]
+
+
+def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(tmp_path: Path) -> None:
+    """The Kafka executor writes a batch to its local store directly and to the state topic
+    as pairs; a store restored from the topic must hold exactly what the owner's did."""
+    direct, restored = (sqlite3.connect(tmp_path / n, isolation_level=None) for n in "ab")
+    for conn in (direct, restored):
+        state_table.create(conn)
+    for batch in _batches():
+        state_table.put_batch(direct, batch)
+        pairs = [(k, None if v is None else v.encode()) for k, v in topic_pairs(batch)]
+        state_table.put_pairs(restored, 0, pairs)
+        assert _rows(direct) == _rows(restored)
+    a, b, _c = KEYS
+    assert [row[0] for row in direct.execute("SELECT call_key FROM call_state")] == [a, b]
+    entries = state_table.read(direct, KEYS)
+    assert entries[b].state is None and entries[b].book == _book("apr_2")
+    live = state_table.live(direct, 0)
+    assert list(live.states) == [a] and live.refused == frozenset({7})
+
+
+def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    state_table.create(conn)
+    keys = [str(CallKey("acme", "op", f"k{i}")) for i in range(5)]
+    states = {
+        k: _state(k, CallStatus.SUCCEEDED, T0 + timedelta(seconds=i)) for i, k in enumerate(keys)
+    }
+    states[keys[4]] = _state(keys[4], CallStatus.UNKNOWN)  # unresolved: never due
+    other = str(CallKey("acme", "other", "k0"))
+    states[other] = _state(other, CallStatus.SUCCEEDED)
+    state_table.put_batch(conn, CommitBatch(0, states=states))
+    cutoff = (T0 + timedelta(seconds=2)).timestamp()
+    first = state_table.due(conn, 0, "op", cutoff, None, 2)
+    assert [k for _, k in first] == keys[:2]
+    rest = state_table.due(conn, 0, "op", cutoff, first[-1], 2)
+    assert [k for _, k in rest] == keys[2:3]
+
+
+def test_a_local_store_keeps_its_checkpoint_and_contents(tmp_path: Path) -> None:
+    path = tmp_path / "p0.db"
+    store = LocalStore(path, IDENTITY)
+    store.put(_batches()[0], 42)
+    store.close()
+    again = LocalStore(path, IDENTITY)
+    try:
+        assert again.checkpoint == 42
+        assert set(again.read_keys(KEYS)) == set(KEYS)
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(
+    "changed", [{"cluster": "c2"}, {"group": "other"}, {"partitions": "8"}, {"partition": "1"}]
+)
+def test_a_local_store_of_another_topic_partition_is_rebuilt(
+    tmp_path: Path, changed: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "p0.db"
+    store = LocalStore(path, IDENTITY)
+    store.put(_batches()[0], 42)
+    store.close()
+    with caplog.at_level(logging.WARNING, "toolledger.kafka"):
+        other = LocalStore(path, {**IDENTITY, **changed})
+    try:
+        assert other.checkpoint == 0 and other.read_keys(KEYS) == {}
+        assert "rebuilt" in caplog.text
+    finally:
+        other.close()
+
+
+def test_a_damaged_local_store_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "p0.db"
+    path.write_bytes(b"not a database at all" * 300)
+    with caplog.at_level(logging.WARNING, "toolledger.kafka"):
+        store = LocalStore(path, IDENTITY)
+    try:
+        assert store.checkpoint == 0
+        assert "cannot be read" in caplog.text
+    finally:
+        store.close()
+
+
+class Args(BaseModel):
+    title: str
+
+
+class Made(BaseModel):
+    n: int
+
+
+async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path) -> None:
+    """Files written before the state table held books: states keep replaying, books move."""
+    made: list[str] = []
+
+    async def handler(args: Args, ctx: ToolContext) -> Made:
+        made.append(ctx.idempotency_key)
+        return Made(n=len(made))
+
+    registry = ToolRegistry()
+    registry.register(
+        Tool(
+            name="op",
+            version="1",
+            arguments=Args,
+            result=Made,
+            handler=handler,
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+    caller = TrustedContext("acme", "ada")
+    path = tmp_path / "ledger.db"
+    async with EmbeddedLedger(path, registry, create=True) as ledger:
+        first = await ledger.client.call("op", {"title": "x"}, idempotency_key="k", context=caller)
+    assert first.ok
+    book_key = str(CallKey("acme", "op", "asked"))
+    with sqlite3.connect(path) as conn:  # the layout before: states only, books beside them
+        conn.executescript(
+            "ALTER TABLE call_state RENAME TO new_layout;"
+            "DROP INDEX call_state_settled; DROP INDEX call_state_unresolved;"
+            "CREATE TABLE call_state (call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL,"
+            " state_json TEXT NOT NULL);"
+            "CREATE INDEX call_state_by_partition ON call_state (partition);"
+            "INSERT INTO call_state SELECT call_key, partition, state_json FROM new_layout;"
+            "DROP TABLE new_layout;"
+        )
+        conn.execute(
+            "INSERT INTO executor_state VALUES (0, ?, ?)",
+            ("approvals:" + book_key, _book("apr_9").model_dump_json()),
+        )
+    async with EmbeddedLedger(path, registry) as ledger:
+        again = await ledger.client.call("op", {"title": "x"}, idempotency_key="k", context=caller)
+        assert again.replayed and again.result == first.result
+        assert ledger.log is not None
+        conn = ledger.log.conn
+        assert state_table.read(conn, [book_key])[book_key].book == _book("apr_9")
+        assert (
+            conn.execute("SELECT COUNT(*) FROM executor_state WHERE key LIKE 'appr%'").fetchone()[0]
+            == 0
+        )
+    assert made == ["k"]
