@@ -355,6 +355,24 @@ def init(
     console.print(f"created an empty ledger with {partitions} partitions: {path}")
 
 
+@app.command()
+def vacuum(
+    data: Annotated[Path, typer.Argument(help="Directory of an embedded ledger not in use.")],
+) -> None:
+    """Reclaim the space of an embedded ledger: checkpoint its WAL and rewrite the file without
+    free pages. Needs the ledger to itself (stop serve/mcp first); nothing is deleted."""
+    try:
+        log = SqliteLog(data / "ledger.db", create=False)
+    except LedgerFileError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    try:
+        before, after = log.vacuum()
+    finally:
+        log.close()
+    console.print(f"{data / 'ledger.db'}: {before:,} bytes -> {after:,} bytes")
+
+
 register_mcp_command(app)
 
 if __name__ == "__main__":

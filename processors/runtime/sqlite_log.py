@@ -42,6 +42,7 @@ FORMAT = "toolledger-embedded/1"
 INTENTS = "intents"
 OUTCOMES = "outcomes"
 EXECUTOR = "executor"
+WAL_SIZE_LIMIT = 64 << 20
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -151,6 +152,9 @@ class SqliteLog:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
+        # the WAL is reused after each checkpoint; past this size it is cut back, so a burst
+        # does not leave a WAL of its peak size behind
+        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{projection.DDL}COMMIT;")
         with transaction(conn):
@@ -194,6 +198,21 @@ class SqliteLog:
                 "INSERT INTO meta VALUES ('write_probe', '1') ON CONFLICT (k) "
                 "DO UPDATE SET v = CAST(v AS INTEGER) + 1"
             )
+
+    def vacuum(self) -> tuple[int, int]:
+        """Checkpoint the WAL and rewrite the file without its free pages (space left by
+        expired keys' states and by deleted records); returns the bytes before and after."""
+        before = self.size()
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.execute("VACUUM")
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return before, self.size()
+
+    def size(self) -> int:
+        """Bytes on disk: the file and its WAL."""
+        return sum(
+            p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists()
+        )
 
     def close(self) -> None:
         """Checkpoint the WAL into the file, close, release the lock."""

@@ -65,3 +65,26 @@ def test_partition_count_is_fixed_at_creation(tmp_path: Path) -> None:
         assert reopened.partitions == 3  # the file's layout wins: keys must keep their partition
     finally:
         reopened.close()
+
+
+def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from toolledger.cli import app
+
+    path = tmp_path / "ledger.db"
+    log = SqliteLog(path, create=True)
+    log.append(OUTCOMES, [(0, b"k", b"v" * 2000) for _ in range(2000)])
+    log.conn.execute("DELETE FROM log")  # space left free, as by deleted records
+    in_use = CliRunner().invoke(app, ["vacuum", str(tmp_path)])
+    assert in_use.exit_code == 2 and "in use" in in_use.output
+    log.close()
+    before = path.stat().st_size
+    done = CliRunner().invoke(app, ["vacuum", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert path.stat().st_size < before // 10
+    reopened = SqliteLog(path)  # still the same ledger
+    try:
+        assert reopened.read(OUTCOMES, 0, 0) == []
+    finally:
+        reopened.close()
