@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
 from toolledger import logs, options
 from toolledger.config import (
@@ -108,6 +109,15 @@ def executor(
         typer.Option(help="Retention of the intents topic (raw arguments) when it is created."),
     ] = None,
     key_retention: options.KeyRetentionOption = "24h",
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the local stores of owned partitions live; kept across restarts, a "
+            "restart reads only the state topic's tail (default: a temporary directory, so "
+            "every start restores its partitions from the topic)."
+        ),
+    ] = None,
+    cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
     from schemas.topics import Topics
@@ -134,8 +144,65 @@ def executor(
             ready_file=ready_file,
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
             intents_retention_ms=intents_retention_ms,
+            state_dir=state_dir,
+            cache_entries=cache_entries,
         )
     )
+
+
+@app.command()
+def topics(
+    kafka: KafkaOption = DEFAULT_KAFKA,
+    prefix: PrefixOption = "toolledger.",
+    partitions: PartitionsOption = 4,
+    intents_retention: Annotated[
+        str,
+        typer.Option(
+            help="How long intents are kept. They hold the only copy of raw arguments: this "
+            "is the retention of sensitive data (90s, 30m, 24h, 7d, P7D)."
+        ),
+    ] = "7d",
+    outcomes_retention: Annotated[
+        str, typer.Option(help="How long outcome events (the audit trail) are kept, or 'forever'.")
+    ] = "forever",
+) -> None:
+    """Create the Kafka topics if missing and set each one's config: intents with time
+    retention, outcomes as told, state compacted (expired keys' tombstones shrink it)."""
+    from schemas.topics import Topics
+    from toolledger.kafka_admin import apply_topic_configs, ensure_topics, topic_configs
+
+    try:
+        intents_ms = _retention_ms(intents_retention, allow_forever=False)
+        outcomes_ms = _retention_ms(outcomes_retention, allow_forever=True)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    layout = Topics(prefix, partitions)
+
+    async def run() -> dict[str, dict[str, str]]:
+        await ensure_topics(kafka, layout, intents_retention_ms=intents_ms)
+        configs = topic_configs(
+            layout, intents_retention_ms=intents_ms, outcomes_retention_ms=outcomes_ms
+        )
+        return await apply_topic_configs(kafka, configs)
+
+    for name, config in asyncio.run(run()).items():
+        console.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
+
+
+def _retention_ms(text: str, *, allow_forever: bool) -> int:
+    from processors.tools.retention import FOREVER, RetentionError, parse_retention
+
+    try:
+        retention = parse_retention(text)
+    except RetentionError as exc:
+        raise ConfigError(str(exc)) from None
+    if retention == FOREVER:
+        if not allow_forever:
+            raise ConfigError("intents need a time retention: they hold raw arguments")
+        return -1
+    assert not isinstance(retention, str)
+    return int(retention.total_seconds() * 1000)
 
 
 PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
@@ -276,6 +343,7 @@ def serve(
     body_timeout_s: Annotated[
         float, typer.Option("--body-timeout", min=0.1, help="Seconds to send the body.")
     ] = 30.0,
+    cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
@@ -323,6 +391,7 @@ def serve(
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
             create=new_ledger,
             shutdown_timeout_s=shutdown_timeout_s,
+            cache_entries=cache_entries,
         )
         limits = ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
 from processors.runtime.kafka import KafkaExecutor
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.topics import Topics
@@ -37,6 +38,8 @@ async def run_executor(
     ready_file: str | None,
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     intents_retention_ms: int | None = None,
+    state_dir: Path | None = None,
+    cache_entries: int = DEFAULT_CACHE_ENTRIES,
 ) -> None:
     await ensure_topics(bootstrap, topics, intents_retention_ms=intents_retention_ms)
     executor = KafkaExecutor(
@@ -45,6 +48,8 @@ async def run_executor(
         Stages(registry, Redactor(secret), approval_request_ttl=approval_request_ttl),
         concurrency=concurrency,
         session_timeout_ms=session_timeout_ms,
+        state_dir=state_dir,
+        cache_entries=cache_entries,
     )
     await executor.start()
     log.info("executor started", extra={"group": topics.executor_group, "tools": len(registry)})

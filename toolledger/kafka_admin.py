@@ -1,13 +1,73 @@
-"""Creates the topics of a :class:`~schemas.topics.Topics` layout and checks co-partitioning."""
+"""Creates the topics of a :class:`~schemas.topics.Topics` layout, checks co-partitioning,
+and sets the configs each topic's role needs (:func:`apply_topic_configs`):
+
+* intents: time retention. Raw arguments live only here, so this is the retention of
+  sensitive data; the executor has processed an intent long before it is deleted.
+* outcomes: the audit trail and the projections' source; forever unless told otherwise.
+* state: compacted, so an expired key's tombstone removes it; a takeover reads only live keys.
+* dead letters: forever (they point at intents by offset and digest, never carry raw data).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas.topics import Topics
+
+DEFAULT_INTENTS_RETENTION_MS = 7 * 86_400_000
+FOREVER_MS = -1
+
+
+def topic_configs(
+    topics: Topics,
+    *,
+    intents_retention_ms: int = DEFAULT_INTENTS_RETENTION_MS,
+    outcomes_retention_ms: int = FOREVER_MS,
+) -> dict[str, dict[str, str]]:
+    """The config of every topic of the layout, by topic name."""
+    return {
+        topics.intents: {"cleanup.policy": "delete", "retention.ms": str(intents_retention_ms)},
+        topics.outcomes: {"cleanup.policy": "delete", "retention.ms": str(outcomes_retention_ms)},
+        topics.state: {"cleanup.policy": "compact", "retention.ms": str(FOREVER_MS)},
+        topics.dead_letters: {"cleanup.policy": "delete", "retention.ms": str(FOREVER_MS)},
+    }
+
+
+async def apply_topic_configs(
+    bootstrap: str, configs: dict[str, dict[str, str]]
+) -> dict[str, dict[str, str]]:
+    """Set ``configs`` on existing topics; returns what the broker reports afterwards."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        responses = await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n, configs=c) for n, c in configs.items()]
+        )
+        for response in responses:
+            for code, message, _type, name in response.resources:
+                if code:
+                    raise RuntimeError(f"setting the config of {name} failed: {code} {message}")
+        return await _described(admin, configs)
+    finally:
+        await admin.close()
+
+
+async def _described(
+    admin: AIOKafkaAdminClient, wanted: dict[str, dict[str, str]]
+) -> dict[str, dict[str, str]]:
+    found: dict[str, dict[str, str]] = {}
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted]
+    )
+    for response in responses:
+        for _code, _message, _type, name, entries in response.resources:
+            keys = wanted.get(name, {})
+            found[name] = {e[0]: e[1] for e in entries if e[0] in keys}
+    return found
 
 
 async def ensure_topics(
@@ -20,29 +80,12 @@ async def ensure_topics(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        intents_config = {"retention.ms": str(intents_retention_ms)} if intents_retention_ms else {}
+        configs = topic_configs(
+            topics, intents_retention_ms=intents_retention_ms or DEFAULT_INTENTS_RETENTION_MS
+        )
         wanted = [
-            NewTopic(
-                topics.intents, topics.partitions, replication_factor, topic_configs=intents_config
-            ),
-            NewTopic(
-                topics.outcomes,
-                topics.partitions,
-                replication_factor,
-                topic_configs={"retention.ms": "-1"},
-            ),
-            NewTopic(
-                topics.state,
-                topics.partitions,
-                replication_factor,
-                topic_configs={"cleanup.policy": "compact"},
-            ),
-            NewTopic(
-                topics.dead_letters,
-                topics.partitions,
-                replication_factor,
-                topic_configs={"retention.ms": "-1"},
-            ),
+            NewTopic(name, topics.partitions, replication_factor, topic_configs=config)
+            for name, config in configs.items()
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]

@@ -59,6 +59,16 @@ def key_retention(registry: ToolRegistry, text: str) -> None:
 
 
 PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
+
+CacheEntriesOption = Annotated[
+    int,
+    typer.Option(
+        "--cache-entries",
+        min=1,
+        help="Call keys the executor holds in memory (all partitions together); every other "
+        "key is read from its store when used.",
+    ),
+]
 PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
 JwksOption = Annotated[
     Path | None,

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
+from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import describe
 from producers.client import LedgerClient
@@ -151,6 +152,7 @@ async def embedded_door(
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     create: bool | None = None,
     shutdown_timeout_s: float = 30.0,
+    cache_entries: int = DEFAULT_CACHE_ENTRIES,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
     ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
@@ -165,6 +167,7 @@ async def embedded_door(
         approval_request_ttl=approval_request_ttl,
         create=create,
         shutdown_timeout_s=shutdown_timeout_s,
+        cache_entries=cache_entries,
     ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -227,12 +230,13 @@ def open_door(
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
     create: bool | None = None,
     shutdown_timeout_s: float = 30.0,
+    cache_entries: int = DEFAULT_CACHE_ENTRIES,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
         return distributed_door(kafka, postgres, topics, registry, security)
     return embedded_door(
-        data, registry, security, approval_request_ttl, create, shutdown_timeout_s
+        data, registry, security, approval_request_ttl, create, shutdown_timeout_s, cache_entries
     )
 
 
