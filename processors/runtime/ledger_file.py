@@ -66,21 +66,32 @@ def read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
 
 
-def check_readable(path: Path) -> None:
-    """Open ``path`` read only and check every page SQLite needs (``PRAGMA quick_check``)."""
+FULL_CHECK_MAX_BYTES = 256 << 20
+
+
+def check_readable(path: Path, *, full_check_max_bytes: int = FULL_CHECK_MAX_BYTES) -> None:
+    """Open ``path`` read only and check it before anything is written: every page
+    (``PRAGMA quick_check``) up to ``full_check_max_bytes``; above that only the schema and
+    the free-page list, so that a start stays within seconds at any ledger size (a damaged
+    data page of a large file is then found when it is read: its partition stops loudly)."""
     try:
         conn = read_only(path)
     except sqlite3.Error as exc:
         raise LedgerFileError(f"{path} cannot be opened ({exc}); it was left untouched") from None
+    full = path.stat().st_size <= full_check_max_bytes
+    check = "PRAGMA quick_check(3)" if full else "SELECT 'ok' FROM sqlite_master LIMIT 1"
     try:
-        found = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]
+        found = [str(r[0]) for r in conn.execute(check)]
+        if not full:
+            conn.execute("PRAGMA freelist_count").fetchone()
     except sqlite3.DatabaseError as exc:
         found = [str(exc)]
     finally:
         conn.close()
     if found != ["ok"]:
         raise LedgerFileError(
-            f"{path} is damaged ({'; '.join(found)[:200]}): restore it from a backup; it was "
+            f"{path} is damaged ({' '.join('; '.join(found).split())[:200]}): restore it from "
+            "a backup; it was "
             "left untouched"
         )
 

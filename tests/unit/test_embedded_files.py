@@ -88,3 +88,18 @@ def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Pat
         assert reopened.read(OUTCOMES, 0, 0) == []
     finally:
         reopened.close()
+
+
+def test_a_large_ledger_gets_a_bounded_check_at_start(tmp_path: Path) -> None:
+    """Above the size of a full page check, a start checks the schema only (seconds at any
+    size); a file whose schema cannot be read is still refused."""
+    from processors.runtime.ledger_file import check_readable
+
+    path = tmp_path / "ledger.db"
+    SqliteLog(path, create=True).close()
+    check_readable(path, full_check_max_bytes=0)
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xff" * (4096 - 100)  # the first page: where the schema starts
+    path.write_bytes(bytes(data))
+    with pytest.raises(LedgerFileError, match=r"damaged|cannot"):
+        check_readable(path, full_check_max_bytes=0)
