@@ -20,6 +20,9 @@ from schemas.topics import Topics
 
 DEFAULT_INTENTS_RETENTION_MS = 7 * 86_400_000
 FOREVER_MS = -1
+# how long a tombstone stays on the compacted state topic: a local store that has not read
+# the topic for longer is rebuilt (processors.runtime.local_store.TOMBSTONE_HORIZON_S)
+STATE_TOMBSTONE_RETENTION_MS = 86_400_000
 
 
 def topic_configs(
@@ -32,7 +35,11 @@ def topic_configs(
     return {
         topics.intents: {"cleanup.policy": "delete", "retention.ms": str(intents_retention_ms)},
         topics.outcomes: {"cleanup.policy": "delete", "retention.ms": str(outcomes_retention_ms)},
-        topics.state: {"cleanup.policy": "compact", "retention.ms": str(FOREVER_MS)},
+        topics.state: {
+            "cleanup.policy": "compact",
+            "retention.ms": str(FOREVER_MS),
+            "delete.retention.ms": str(STATE_TOMBSTONE_RETENTION_MS),
+        },
         topics.dead_letters: {"cleanup.policy": "delete", "retention.ms": str(FOREVER_MS)},
     }
 

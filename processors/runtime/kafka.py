@@ -37,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from processors.pipeline import Stages
 from processors.runtime.batch import CommitBatch
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.local_store import LocalStore
+from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore
 from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import Snapshot, topic_pairs
 from processors.runtime.state_table import KeyEntry
@@ -146,6 +146,11 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
             local.rebuild(f"its checkpoint {local.checkpoint} is past the topic's end {end}")
         elif 0 < local.checkpoint < begin:
             local.rebuild(f"its checkpoint {local.checkpoint} is before the topic's start {begin}")
+        elif local.checkpoint > 0 and local.checkpoint_age_s > TOMBSTONE_HORIZON_S:
+            local.rebuild(
+                f"it last read the topic {local.checkpoint_age_s / 3600:.0f} h ago: tombstones "
+                "of keys expired since may have been compacted away"
+            )
         consumer.seek(tp, max(local.checkpoint, begin))
         read = 0
         while await consumer.position(tp) < end:
@@ -156,6 +161,17 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
         return read
     finally:
         await consumer.stop()
+
+
+def _local_store_failed(exc: BaseException | None) -> bool:
+    """Whether a worker's failure came from its local store (SQLite), by the cause chain."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, sqlite3.DatabaseError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 async def cluster_id(bootstrap: str) -> str:
@@ -219,6 +235,7 @@ class KafkaExecutor:
         self._cache_entries = max(1, cache_entries // topics.partitions)
         self._cluster_id: str | None = None
         self.restored: dict[int, int] = {}  # state records read by the last takeover, by partition
+        self._damaged: set[int] = set()
         self.owned: dict[int, _Owned] = {}
         self._unowned: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
@@ -337,6 +354,9 @@ class KafkaExecutor:
         local: LocalStore | None = None
         try:
             local = LocalStore(self.state_dir / f"{self.topics.state}-{p}.db", self._identity(p))
+            if p in self._damaged:
+                local.rebuild("a read or write of it failed")
+                self._damaged.discard(p)
             # read after init_transactions: nothing the previous owner left open is read
             try:
                 self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
@@ -413,6 +433,9 @@ class KafkaExecutor:
         """Partitions whose commit failed (broker trouble, fencing) or that could not be taken
         over are taken over again while the group still assigns them to us."""
         failed = [p for p, owned in self.owned.items() if owned.worker.failed is not None]
+        for p in failed:
+            if _local_store_failed(self.owned[p].worker.failed):
+                self._damaged.add(p)  # its local store is rebuilt at the takeover
         if failed:
             log.warning(
                 "re-acquiring partitions after a failed commit", extra={"partitions": failed}

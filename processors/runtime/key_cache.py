@@ -95,13 +95,17 @@ class KeyCache:
                     found = await self._read(keys)
                 except BaseException as exc:
                     for key in keys:
-                        self._loading.pop(key).set_exception(exc)
+                        future = self._loading.pop(key)
+                        if not future.done():  # close() may have cancelled it
+                            future.set_exception(exc)
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     continue
                 for key in keys:
                     self._place(key, found.get(key, _EMPTY))
-                    self._loading.pop(key).set_result(None)
+                    future = self._loading.pop(key)
+                    if not future.done():
+                        future.set_result(None)
         finally:
             self._loader = None
 
@@ -136,11 +140,15 @@ class KeyCache:
             self._lru.move_to_end(key)
         return entry
 
+    def put(self, key: str, entry: KeyEntry) -> None:
+        """An entry as the store holds it (the worker's start: its unresolved calls)."""
+        self._place(key, entry)
+
     def set_state(self, key: str, state: CallState | None) -> None:
-        self._place(key, KeyEntry(state, self._current(key).book))
+        self._place(key, KeyEntry(state, self._entry(key).book))
 
     def set_book(self, key: str, book: ApprovalBook) -> None:
-        self._place(key, KeyEntry(self._current(key).state, book))
+        self._place(key, KeyEntry(self._entry(key).state, book))
 
     def forget(self, key: str) -> None:
         """The key expired: known to be unused (the store deletes it in the same commit)."""
@@ -148,9 +156,6 @@ class KeyCache:
 
     def unresolved(self) -> dict[str, CallState]:
         return {k: e.state for k, e in self._held.items() if e.state and _unresolved(e)}
-
-    def _current(self, key: str) -> KeyEntry:
-        return self._held.get(key) or self._lru.get(key) or _EMPTY
 
     def _place(self, key: str, entry: KeyEntry) -> None:
         if key in self._pins or _unresolved(entry):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -31,6 +32,10 @@ from processors.runtime.state_table import KeyEntry, Reader, transaction
 log = logging.getLogger("toolledger.kafka")
 
 FORMAT = "toolledger-local-store/1"
+# Compaction removes a tombstone once it is older than the state topic's delete.retention.ms
+# (24 h, set by ``toolledger topics``): a store whose checkpoint is older than this may have
+# missed some, so it is rebuilt rather than read from its checkpoint.
+TOMBSTONE_HORIZON_S = 20 * 3600.0
 
 _META = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
 
@@ -64,7 +69,11 @@ class LocalStore:
             if not stored:
                 conn.executemany(
                     "INSERT INTO meta VALUES (?, ?)",
-                    [("identity", _render(self.identity)), ("checkpoint", "0")],
+                    [
+                        ("identity", _render(self.identity)),
+                        ("checkpoint", "0"),
+                        ("checkpoint_at", repr(time.time())),
+                    ],
                 )
             conn.execute("COMMIT")
             return conn
@@ -123,7 +132,16 @@ class LocalStore:
                 self._set_checkpoint(checkpoint)
 
     def _set_checkpoint(self, checkpoint: int) -> None:
-        self.conn.execute("UPDATE meta SET v = ? WHERE k = 'checkpoint'", (str(checkpoint),))
+        self.conn.executemany(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+            [("checkpoint", str(checkpoint)), ("checkpoint_at", repr(time.time()))],
+        )
+
+    @property
+    def checkpoint_age_s(self) -> float:
+        """Seconds since the store last took a record of the topic (or was made)."""
+        row = self.conn.execute("SELECT v FROM meta WHERE k = 'checkpoint_at'").fetchone()
+        return 0.0 if row is None else max(0.0, time.time() - float(row[0]))
 
     @property
     def identity_partition(self) -> int:
@@ -136,20 +154,17 @@ class LocalStore:
 
     def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
         """From any thread (its own connection)."""
-        return state_table.read(self._reader.connection(), keys)
+        with self._reader.connection() as conn:
+            return state_table.read(conn, keys)
 
     def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
         """From any thread (its own connection)."""
-        return state_table.due(
-            self._reader.connection(),
-            self.identity_partition,
-            tool,
-            settled_before,
-            after,
-            limit,
-        )
+        with self._reader.connection() as conn:
+            return state_table.due(
+                conn, self.identity_partition, tool, settled_before, after, limit
+            )
 
 
 class _Mismatch(Exception):

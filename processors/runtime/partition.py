@@ -181,10 +181,8 @@ class PartitionWorker:
 
     async def start(self) -> None:
         snapshot = await self._store.load(self.partition)
-        for key, book in snapshot.approvals.items():
-            self.cache.set_book(key, book)
-        for key, state in snapshot.states.items():
-            self.cache.set_state(key, state)  # unresolved: held, never evicted
+        for key, state in snapshot.states.items():  # unresolved: held, never evicted
+            self.cache.put(key, KeyEntry(state, snapshot.approvals.get(key)))
         self.switches = snapshot.switches
         # Refused before a crash or a takeover while an earlier offset still ran: not decided
         # again on the re-read (a switch turned back on could otherwise let it run after
@@ -474,17 +472,26 @@ class PartitionWorker:
             await asyncio.sleep(self._sweep_interval_s)
             now = self._stages.clock.now()
             for key in sorted(self._unknown - self._sweeping):
-                state = self._known(key)
-                tool = self._stages.registry.get(state.context.tool)
-                if tool is None or tool.reconcile is None:
-                    continue
-                wait = min(60.0, 2.0 ** min(state.reconcile_attempts, 6))
-                if state.updated_at + timedelta(seconds=wait) > now or key in self._tails:
+                if not self._sweep_due(key, now):
                     continue
                 await self._sem.acquire()
+                if not self._sweep_due(key, now):  # resolved (and evictable) while we waited
+                    self._sem.release()
+                    continue
                 self._sweeping.add(key)
                 self._spawn(key, self._sweep(key), key=key)
             await self._expire_due(now)
+
+    def _sweep_due(self, key: str, now: datetime) -> bool:
+        """An UNKNOWN key whose tool can reconcile it, past its backoff, with no task on it."""
+        if key not in self._unknown or key in self._tails:
+            return False
+        state = self._known(key)  # unresolved: held in the cache
+        tool = self._stages.registry.get(state.context.tool)
+        if tool is None or tool.reconcile is None:
+            return False
+        wait = min(60.0, 2.0 ** min(state.reconcile_attempts, 6))
+        return state.updated_at + timedelta(seconds=wait) <= now
 
     def _evolve(self, event: Event, batch: CommitBatch) -> None:
         key = event.call_key
@@ -514,7 +521,8 @@ class PartitionWorker:
             if new is not None and new is not old:  # a replay leaves it as it is: not rewritten
                 self._set_state(key, new)
                 batch.states[key] = new
-                batch.expired.discard(key)  # expired and started again in one batch
+                # expired and started again in one batch: the key stays in ``expired``, so
+                # the stores delete the old row and book (tombstones) before writing the new
 
     def _apply_switch(self, switch: Switch) -> None:
         key = switch_key(switch.tenant_id, switch.tool)

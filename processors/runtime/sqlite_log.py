@@ -298,7 +298,8 @@ class SqliteLog:
     def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
         """Stored call keys, as of the last commit; safe to call from another thread (it has
         its own connection: WAL readers neither block nor see a write in progress)."""
-        return state_table.read(self._reader.connection(), keys)
+        with self._reader.connection() as conn:
+            return state_table.read(conn, keys)
 
     def due(
         self,
@@ -309,9 +310,8 @@ class SqliteLog:
         limit: int,
     ) -> list[tuple[float, str]]:
         """See :func:`state_table.due`; like :meth:`read_keys`, from any thread."""
-        return state_table.due(
-            self._reader.connection(), partition, tool, settled_before, after, limit
-        )
+        with self._reader.connection() as conn:
+            return state_table.due(conn, partition, tool, settled_before, after, limit)
 
     def write(
         self,

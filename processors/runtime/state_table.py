@@ -16,10 +16,11 @@ A row carries what the executor asks of the store without reading the state itse
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +41,7 @@ DDL = """
 CREATE TABLE IF NOT EXISTS call_state (
     call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, tool TEXT, settled_at REAL,
     state_json TEXT, book_json TEXT);
-CREATE INDEX IF NOT EXISTS call_state_settled ON call_state (partition, tool, settled_at)
+CREATE INDEX IF NOT EXISTS call_state_due ON call_state (partition, tool, settled_at, call_key)
     WHERE settled_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS call_state_unresolved ON call_state (partition)
     WHERE settled_at IS NULL AND state_json IS NOT NULL;
@@ -77,20 +78,24 @@ class transaction:
 
 class Reader:
     """A second connection to a state file, for reads from worker threads: a WAL reader
-    sees the last commit, never a write in progress, and blocks no writer."""
+    sees the last commit, never a write in progress, and blocks no writer. One read at a
+    time: two statements stepping at once on one connection would share one snapshot, and
+    the later one could miss a commit made between them."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
-    def connection(self) -> sqlite3.Connection:
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """The connection, for one read that is fully fetched inside the block."""
         with self._lock:
             if self._conn is None:
                 self._conn = sqlite3.connect(
                     self._path, isolation_level=None, check_same_thread=False
                 )
-            return self._conn
+            yield self._conn
 
     def close(self) -> None:
         with self._lock:

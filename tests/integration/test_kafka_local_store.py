@@ -1,6 +1,7 @@
 """The Kafka executor's local stores on a real broker: a restart on the same disk reads only
 the state topic's tail, a takeover without a store restores it and then serves, and a store
-made for something else is rebuilt, never used. In every case each key still replays."""
+made for something else, or one that has not read its topic for longer than tombstones are
+kept, is rebuilt, never used. In every case each key still replays."""
 
 from __future__ import annotations
 
@@ -80,6 +81,14 @@ async def test_local_stores_restart_warm_take_over_cold_and_refuse_a_stranger(
                     "UPDATE meta SET v = replace(v, 'cluster=', 'cluster=other') "
                     "WHERE k = 'identity'"
                 )
+        await harness.start()
+        assert _restored(harness) == full
+        await _all_replay(harness, range(25))
+        await harness.stop()
+
+        for store in state_dir.glob("*.db"):  # not read for longer than tombstones are kept
+            with sqlite3.connect(store) as conn:
+                conn.execute("UPDATE meta SET v = '0' WHERE k = 'checkpoint_at'")
         await harness.start()
         assert _restored(harness) == full
         await _all_replay(harness, range(25))

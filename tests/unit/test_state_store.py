@@ -204,7 +204,7 @@ async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path
     with sqlite3.connect(path) as conn:  # the layout before: states only, books beside them
         conn.executescript(
             "ALTER TABLE call_state RENAME TO new_layout;"
-            "DROP INDEX call_state_settled; DROP INDEX call_state_unresolved;"
+            "DROP INDEX call_state_due; DROP INDEX call_state_unresolved;"
             "CREATE TABLE call_state (call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL,"
             " state_json TEXT NOT NULL);"
             "CREATE INDEX call_state_by_partition ON call_state (partition);"
@@ -226,3 +226,44 @@ async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path
             == 0
         )
     assert made == ["k"]
+
+
+def test_a_key_expired_and_started_again_in_one_batch_loses_its_old_book(
+    tmp_path: Path,
+) -> None:
+    """The new call of an expired key starts without the old call's approvals, in the file
+    and on the topic alike (else an eviction or a restart would bring the old book back)."""
+    a = KEYS[0]
+    conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    state_table.create(conn)
+    state_table.put_batch(
+        conn, CommitBatch(0, states={a: _state(a, CallStatus.SUCCEEDED)}, approvals={a: _book("x")})
+    )
+    again = CommitBatch(0, states={a: _state(a, CallStatus.PENDING)}, expired={a})
+    state_table.put_batch(conn, again)
+    entry = state_table.read(conn, [a])[a]
+    assert entry.state is not None and entry.state.status is CallStatus.PENDING
+    assert entry.book is None
+    assert ("approvals:" + a, None) in list(topic_pairs(again))
+
+
+async def test_a_restart_with_a_tiny_cache_keeps_every_unresolved_keys_book() -> None:
+    from processors.pipeline import Stages
+    from processors.runtime.partition import PartitionWorker
+    from processors.tools.redaction import Redactor
+    from tests.unit.memory_store import MemoryStore
+
+    store = MemoryStore()
+    for i, key in enumerate(KEYS):
+        store.states[key] = _state(key, CallStatus.UNKNOWN)
+        store.books[key] = _book(f"apr_{i}")
+    worker = PartitionWorker(
+        0, 0, store, Stages(ToolRegistry(), Redactor(b"k" * 32)), epoch=1, cache_entries=1
+    )
+    await worker.start()
+    try:
+        assert {k: worker.cache.book(k) for k in KEYS} == {
+            k: _book(f"apr_{i}") for i, k in enumerate(KEYS)
+        }
+    finally:
+        await worker.stop()
