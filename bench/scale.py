@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
 async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    from processors.runtime.kafka import cluster_id, restore_local
+    from processors.runtime.kafka import cluster_id, meta_headers, restore_local
     from processors.runtime.local_store import LocalStore
     from schemas.topics import Topics
     from toolledger.kafka_admin import ensure_topics
@@ -143,6 +144,8 @@ async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
     topics = Topics(prefix=f"scale{uuid.uuid4().hex[:8]}.", partitions=1)
     await ensure_topics(bootstrap, topics)
     state = _state_template()
+    # as the executor writes them: the row fields in headers (processors.runtime.kafka)
+    headers = meta_headers((TOOL, datetime.fromisoformat("2026-12-01T00:00:00.1Z").timestamp()))
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20, acks=1
     )
@@ -153,7 +156,11 @@ async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
         for i in range(keys):
             key = f'["bench-tenant","{TOOL}","k{i}"]'
             value = state.replace("KEY", key.replace('"', '\\"')).encode()
-            pending.append(await producer.send(topics.state, value, key=key.encode(), partition=0))
+            pending.append(
+                await producer.send(
+                    topics.state, value, key=key.encode(), partition=0, headers=headers
+                )
+            )
             if len(pending) >= 20_000:
                 await asyncio.gather(*pending)
                 pending = []

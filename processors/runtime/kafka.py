@@ -40,7 +40,7 @@ from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore
 from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import Snapshot, topic_pairs
-from processors.runtime.state_table import KeyEntry
+from processors.runtime.state_table import KeyEntry, StateMeta, state_meta
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -93,12 +93,14 @@ class KafkaStore:
                     ],
                 )
             for key, value in topic_pairs(batch):  # tombstones for expired keys: compaction
+                state = batch.states.get(key) if value is not None else None
                 state_sends.append(
                     await producer.send(
                         topics.state,
                         None if value is None else value.encode("utf-8"),
                         key=key.encode("utf-8"),
                         partition=p,
+                        headers=[] if state is None else meta_headers(state_meta(state)),
                     )
                 )
             for letter in batch.dead_letters:
@@ -155,12 +157,37 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
         read = 0
         while await consumer.position(tp) < end:
             records = (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
-            pairs = [(r.key.decode("utf-8"), r.value) for r in records if r.key is not None]
+            pairs = [
+                (r.key.decode("utf-8"), r.value, meta_of_headers(r.headers))
+                for r in records
+                if r.key is not None
+            ]
             local.apply(pairs, await consumer.position(tp))
             read += len(records)
         return read
     finally:
         await consumer.stop()
+
+
+# A state record's row fields, so that a restore into a local store need not parse its JSON.
+TOOL_HEADER = "tl-tool"
+SETTLED_HEADER = "tl-settled"
+
+
+def meta_headers(meta: StateMeta) -> list[tuple[str, bytes]]:
+    tool, settled = meta
+    return [
+        (TOOL_HEADER, tool.encode("utf-8")),
+        (SETTLED_HEADER, b"" if settled is None else repr(settled).encode("ascii")),
+    ]
+
+
+def meta_of_headers(headers: Sequence[tuple[str, bytes]] | None) -> StateMeta | None:
+    found = dict(headers or ())
+    tool, settled = found.get(TOOL_HEADER), found.get(SETTLED_HEADER)
+    if tool is None or settled is None:
+        return None
+    return tool.decode("utf-8"), float(settled) if settled else None
 
 
 def _local_store_failed(exc: BaseException | None) -> bool:

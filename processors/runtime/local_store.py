@@ -27,7 +27,7 @@ from pathlib import Path
 from processors.runtime import state_table
 from processors.runtime.batch import CommitBatch
 from processors.runtime.snapshot import Snapshot
-from processors.runtime.state_table import KeyEntry, Reader, transaction
+from processors.runtime.state_table import KeyEntry, Reader, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -117,7 +117,9 @@ class LocalStore:
         row = self.conn.execute("SELECT v FROM meta WHERE k = 'checkpoint'").fetchone()
         return int(row[0])
 
-    def apply(self, pairs: Iterable[tuple[str, bytes | None]], checkpoint: int) -> None:
+    def apply(
+        self, pairs: Iterable[tuple[str, bytes | None, StateMeta | None]], checkpoint: int
+    ) -> None:
         """Pairs read from the topic, and the offset after them, in one transaction."""
         with transaction(self.conn):
             state_table.put_pairs(self.conn, self.identity_partition, pairs)

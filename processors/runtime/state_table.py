@@ -155,69 +155,93 @@ def put_batch(conn: sqlite3.Connection, batch: CommitBatch) -> None:
     _put_governance(conn, p, switch_pairs(batch))
 
 
+StateMeta = tuple[str, float | None]  # (tool, settled_at): what a row needs of a state
+
+
+def state_meta(state: CallState) -> StateMeta:
+    return state.context.tool, settled_at(state.status.value, state.updated_at)
+
+
 def put_pairs(
-    conn: sqlite3.Connection, partition: int, pairs: Iterable[tuple[str, bytes | None]]
+    conn: sqlite3.Connection,
+    partition: int,
+    pairs: Iterable[tuple[str, bytes | None, StateMeta | None]],
 ) -> None:
-    """Pairs of the state topic, in log order (a ``None`` value is a tombstone)."""
-    for key, value in pairs:
+    """Pairs of the state topic in log order (a ``None`` value is a tombstone), with each
+    state's row fields when the record carried them (else they are read from its JSON).
+
+    Only the last pair of each key counts (it replaces the earlier ones), and a call key's
+    state and its book are separate columns, so the pairs are written in bulk: upserts,
+    then tombstones, then the rows left empty are dropped."""
+    last: dict[str, tuple[bytes | None, StateMeta | None]] = {}
+    for key, value, meta in pairs:
+        last.pop(key, None)
+        last[key] = (value, meta)
+    states, books, governance = [], [], []
+    cleared_states, cleared_books, cleared_governance = [], [], []
+    for key, (value, meta) in last.items():
         text = None if value is None else value.decode("utf-8")
         if key.startswith(APPROVALS_PREFIX):
             call_key = key.removeprefix(APPROVALS_PREFIX)
             if text is None:
-                conn.execute(
-                    "UPDATE call_state SET book_json = NULL WHERE call_key = ?", (call_key,)
-                )
-                _drop_if_empty(conn, call_key)
+                cleared_books.append((call_key,))
             else:
-                _upsert_book(conn, call_key, partition, text)
+                books.append((call_key, partition, text))
         elif key.startswith(SWITCH_PREFIX) or key == REFUSED_KEY:
             if text is None:
-                conn.execute(
-                    "DELETE FROM executor_state WHERE partition = ? AND key = ?", (partition, key)
-                )
+                cleared_governance.append((partition, key))
             else:
-                _put_governance(conn, partition, [(key, text)])
+                governance.append((key, text))
         elif text is None:
-            conn.execute(
-                "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
-                "WHERE call_key = ?",
-                (key,),
-            )
-            _drop_if_empty(conn, key)
+            cleared_states.append((key,))
         else:
-            _upsert_state(conn, key, partition, text, None)
+            tool, settled = meta if meta is not None else _meta_of_json(text)
+            states.append((key, partition, tool, settled, text))
+    conn.executemany(_UPSERT_STATE, states)
+    conn.executemany(_UPSERT_BOOK, books)
+    _put_governance(conn, partition, governance)
+    conn.executemany(
+        "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
+        "WHERE call_key = ?",
+        cleared_states,
+    )
+    conn.executemany("UPDATE call_state SET book_json = NULL WHERE call_key = ?", cleared_books)
+    conn.executemany(
+        "DELETE FROM call_state WHERE call_key = ? AND state_json IS NULL AND book_json IS NULL",
+        cleared_states + cleared_books,
+    )
+    conn.executemany(
+        "DELETE FROM executor_state WHERE partition = ? AND key = ?", cleared_governance
+    )
+
+
+def _meta_of_json(state_json: str) -> StateMeta:
+    """Only the fields a row needs, not a full validation (a record without headers)."""
+    raw = json.loads(state_json)
+    return raw["context"]["tool"], settled_at(
+        raw["status"], datetime.fromisoformat(raw["updated_at"])
+    )
+
+
+_UPSERT_STATE = (
+    "INSERT INTO call_state (call_key, partition, tool, settled_at, state_json) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (call_key) DO UPDATE SET tool = excluded.tool, "
+    "settled_at = excluded.settled_at, state_json = excluded.state_json"
+)
+_UPSERT_BOOK = (
+    "INSERT INTO call_state (call_key, partition, book_json) VALUES (?, ?, ?) "
+    "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json"
+)
 
 
 def _upsert_state(
-    conn: sqlite3.Connection, key: str, partition: int, state_json: str, state: CallState | None
+    conn: sqlite3.Connection, key: str, partition: int, state_json: str, state: CallState
 ) -> None:
-    if state is not None:
-        tool, settled = state.context.tool, settled_at(state.status.value, state.updated_at)
-    else:  # from the topic: only the three fields the row needs, not a full validation
-        raw = json.loads(state_json)
-        tool = raw["context"]["tool"]
-        settled = settled_at(raw["status"], datetime.fromisoformat(raw["updated_at"]))
-    conn.execute(
-        "INSERT INTO call_state (call_key, partition, tool, settled_at, state_json) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (call_key) DO UPDATE SET tool = excluded.tool, "
-        "settled_at = excluded.settled_at, state_json = excluded.state_json",
-        (key, partition, tool, settled, state_json),
-    )
+    conn.execute(_UPSERT_STATE, (key, partition, *state_meta(state), state_json))
 
 
 def _upsert_book(conn: sqlite3.Connection, key: str, partition: int, book_json: str) -> None:
-    conn.execute(
-        "INSERT INTO call_state (call_key, partition, book_json) VALUES (?, ?, ?) "
-        "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json",
-        (key, partition, book_json),
-    )
-
-
-def _drop_if_empty(conn: sqlite3.Connection, key: str) -> None:
-    conn.execute(
-        "DELETE FROM call_state WHERE call_key = ? AND state_json IS NULL AND book_json IS NULL",
-        (key,),
-    )
+    conn.execute(_UPSERT_BOOK, (key, partition, book_json))
 
 
 def _put_governance(

@@ -16,8 +16,10 @@ from processors.ledger import CallContext, CallState
 from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
 from processors.runtime import state_table
 from processors.runtime.batch import CommitBatch
+from processors.runtime.kafka import meta_headers, meta_of_headers
 from processors.runtime.local_store import LocalStore
 from processors.runtime.snapshot import topic_pairs
+from processors.runtime.state_table import state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
@@ -87,15 +89,28 @@ def _batches() -> list[CommitBatch]:
     ]
 
 
-def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("headers", [True, False], ids=["with-headers", "json-only"])
+def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
+    tmp_path: Path, headers: bool
+) -> None:
     """The Kafka executor writes a batch to its local store directly and to the state topic
-    as pairs; a store restored from the topic must hold exactly what the owner's did."""
+    as pairs (with the row fields in headers; older records have none); a store restored
+    from the topic must hold exactly what the owner's did."""
     direct, restored = (sqlite3.connect(tmp_path / n, isolation_level=None) for n in "ab")
     for conn in (direct, restored):
         state_table.create(conn)
     for batch in _batches():
         state_table.put_batch(direct, batch)
-        pairs = [(k, None if v is None else v.encode()) for k, v in topic_pairs(batch)]
+        pairs = [
+            (
+                k,
+                None if v is None else v.encode(),
+                meta_of_headers(meta_headers(state_meta(batch.states[k])))
+                if headers and k in batch.states
+                else None,
+            )
+            for k, v in topic_pairs(batch)
+        ]
         state_table.put_pairs(restored, 0, pairs)
         assert _rows(direct) == _rows(restored)
     a, b, _c = KEYS
