@@ -344,6 +344,13 @@ def serve(
         float, typer.Option("--body-timeout", min=0.1, help="Seconds to send the body.")
     ] = 30.0,
     cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,
+    intents_retention: Annotated[
+        str,
+        typer.Option(
+            help="Embedded: how long processed intents are kept. They hold the only copy of "
+            "raw arguments: this is the retention of sensitive data (7d, 24h, or 'forever')."
+        ),
+    ] = "7d",
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
@@ -358,6 +365,7 @@ def serve(
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)
+        intents_ms = _retention_ms(intents_retention, allow_forever=True)
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -392,6 +400,7 @@ def serve(
             create=new_ledger,
             shutdown_timeout_s=shutdown_timeout_s,
             cache_entries=cache_entries,
+            intents_retention=None if intents_ms < 0 else timedelta(milliseconds=intents_ms),
         )
         limits = ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s

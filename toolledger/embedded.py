@@ -16,7 +16,7 @@ from processors.pipeline import (
     Clock,
     Stages,
 )
-from processors.runtime.embedded import EmbeddedRuntime
+from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S, EmbeddedRuntime
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.redaction import Redactor
@@ -50,12 +50,17 @@ class EmbeddedLedger:
         create: bool | None = None,
         shutdown_timeout_s: float = 30.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        intents_retention: timedelta | None = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S),
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
         new, empty directory (None); see :class:`SqliteLog`. ``cache_entries``: call keys
-        held in memory (the others are read from the file when used)."""
+        held in memory (the others are read from the file when used). ``intents_retention``:
+        how long processed intents (the only copy of raw arguments) are kept; None: forever."""
         self.path = Path(path)
         self._cache_entries = cache_entries
+        self._intents_retention_s = (
+            None if intents_retention is None else intents_retention.total_seconds()
+        )
         self._create = create
         self._shutdown_timeout_s = shutdown_timeout_s
         self._probed_at = float("-inf")
@@ -98,6 +103,7 @@ class EmbeddedLedger:
             on_committed=self.outcomes.publish,
             sweep_interval_s=self._sweep_interval_s,
             cache_entries=self._cache_entries,
+            intents_retention_s=self._intents_retention_s,
         )
         try:
             await self.runtime.start()

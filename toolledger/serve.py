@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
+from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import describe
@@ -35,6 +36,8 @@ from toolledger.config import ConfigError
 from toolledger.http_server import ConnectionLimits, serve_app
 
 log = logging.getLogger("toolledger.serve")
+
+DEFAULT_INTENTS_RETENTION = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S)
 
 
 def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
@@ -153,6 +156,7 @@ async def embedded_door(
     create: bool | None = None,
     shutdown_timeout_s: float = 30.0,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
     ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
@@ -168,6 +172,7 @@ async def embedded_door(
         create=create,
         shutdown_timeout_s=shutdown_timeout_s,
         cache_entries=cache_entries,
+        intents_retention=intents_retention,
     ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -231,12 +236,20 @@ def open_door(
     create: bool | None = None,
     shutdown_timeout_s: float = 30.0,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
         return distributed_door(kafka, postgres, topics, registry, security)
     return embedded_door(
-        data, registry, security, approval_request_ttl, create, shutdown_timeout_s, cache_entries
+        data,
+        registry,
+        security,
+        approval_request_ttl,
+        create,
+        shutdown_timeout_s,
+        cache_entries,
+        intents_retention,
     )
 
 

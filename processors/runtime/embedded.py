@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from processors.pipeline import Stages
@@ -27,6 +28,9 @@ from schemas.keys import partition_for
 from schemas.topics import partition_key
 
 log = logging.getLogger("toolledger.embedded")
+
+DEFAULT_INTENTS_RETENTION_S = 7 * 86_400.0  # as the Kafka intents topic (toolledger topics)
+_PRUNE_CHUNKS_PER_TURN = 100
 
 
 class _Writer:
@@ -123,10 +127,16 @@ class EmbeddedRuntime:
         on_committed: Callable[[Sequence[Event]], None] | None = None,
         sweep_interval_s: float = 1.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        intents_retention_s: float | None = DEFAULT_INTENTS_RETENTION_S,
+        prune_interval_s: float = 10.0,
     ) -> None:
         """``cache_entries``: call keys held in memory by all partitions together (each
-        partition's worker holds its share; every other key is read from the file)."""
+        partition's worker holds its share; every other key is read from the file).
+        ``intents_retention_s``: processed intents older than this are deleted (None: kept)."""
         self.log = log
+        self._intents_retention_s = intents_retention_s
+        self._prune_interval_s = prune_interval_s
+        self._pruner: asyncio.Task[None] | None = None
         self._cache_entries = max(1, cache_entries // log.partitions)
         self._stages = stages
         self._concurrency = concurrency
@@ -142,6 +152,21 @@ class EmbeddedRuntime:
         self._writer_task = asyncio.create_task(self._writer.run())
         self.workers = [await self._new_worker(p) for p in range(self.log.partitions)]
         self._readers = [asyncio.create_task(self._read(p)) for p in range(self.log.partitions)]
+        if self._intents_retention_s is not None:
+            self._pruner = asyncio.create_task(self._prune(self._intents_retention_s))
+
+    async def _prune(self, retention_s: float) -> None:
+        """Delete processed intents past their retention, a chunk per transaction, between
+        other writes (each chunk is one short transaction on this loop)."""
+        while True:
+            await asyncio.sleep(self._prune_interval_s)
+            try:
+                for _ in range(_PRUNE_CHUNKS_PER_TURN):
+                    if not self.log.prune_intents(time.time() - retention_s):
+                        break
+                    await asyncio.sleep(0)  # let the writer in between chunks
+            except sqlite3.Error as exc:  # e.g. a full disk: tried again next time
+                log.warning("pruning intents failed", extra={"error": str(exc)})
 
     async def _new_worker(self, partition: int) -> PartitionWorker:
         """A worker from what is durable: the stored states and position (PENDING -> UNKNOWN)."""
@@ -205,6 +230,10 @@ class EmbeddedRuntime:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pruner
         for task in self._readers:
             task.cancel()
         for task in self._readers:

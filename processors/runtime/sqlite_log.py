@@ -11,6 +11,7 @@ import fcntl
 import logging
 import secrets
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -43,12 +44,16 @@ INTENTS = "intents"
 OUTCOMES = "outcomes"
 EXECUTOR = "executor"
 WAL_SIZE_LIMIT = 64 << 20
+MARK_INTERVAL_S = 60.0  # a log partition's time index: one (offset, time) mark per minute
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS log (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     key BLOB NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY (topic, partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log_marks (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL, at REAL NOT NULL,
     PRIMARY KEY (topic, partition, offset)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS positions (
     consumer TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
@@ -95,6 +100,8 @@ class SqliteLog:
             self._unlock()
             raise
         self._next: dict[tuple[str, int], int] = {}
+        self._marked: dict[tuple[str, int], float] = {}  # when each partition was last marked
+        self.mark_interval_s = MARK_INTERVAL_S
         self._reader = Reader(self.path)
 
     # -- opening ----------------------------------------------------------------------------
@@ -239,13 +246,53 @@ class SqliteLog:
     def _append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
         offsets = []
         rows = []
+        now = time.time()
+        marks = []
         for partition, key, value in records:
             offset = self._next_offset(topic, partition)
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
             rows.append((topic, partition, offset, key, value))
+            if now - self._marked.get((topic, partition), float("-inf")) >= self.mark_interval_s:
+                self._marked[(topic, partition)] = now
+                marks.append((topic, partition, offset, now))
         self.conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
+        self.conn.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
         return offsets
+
+    def prune_intents(self, before: float, limit: int = 5_000) -> int:
+        """Delete processed intents appended before ``before`` (epoch seconds, judged by the
+        partition's marks), at most ``limit`` per partition, in one transaction; returns how
+        many were deleted. Raw arguments live only in intents: this is their retention. The
+        last intent of a partition is always kept (it carries the partition's next offset)."""
+        deleted = 0
+        with transaction(self.conn):
+            for p in range(self.partitions):
+                marked = self.conn.execute(
+                    "SELECT MAX(offset) FROM log_marks WHERE topic = ? AND partition = ? "
+                    "AND at <= ?",
+                    (INTENTS, p, before),
+                ).fetchone()[0]
+                first = self.conn.execute(
+                    "SELECT MIN(offset) FROM log WHERE topic = ? AND partition = ?", (INTENTS, p)
+                ).fetchone()[0]
+                if marked is None or first is None:
+                    continue
+                processed = self.position(EXECUTOR, INTENTS, p)
+                upto = min(marked, processed, self._next_offset(INTENTS, p) - 1)
+                stop = min(upto, first + limit)
+                if stop <= first:
+                    continue
+                deleted += self.conn.execute(
+                    "DELETE FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
+                    "AND offset < ?",
+                    (INTENTS, p, first, stop),
+                ).rowcount
+                self.conn.execute(
+                    "DELETE FROM log_marks WHERE topic = ? AND partition = ? AND offset < ?",
+                    (INTENTS, p, stop),
+                )
+        return deleted
 
     def append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
         """Append ``(partition, key, value)`` records in one transaction; return their offsets."""
@@ -254,6 +301,7 @@ class SqliteLog:
                 return self._append(topic, records)
         except BaseException:
             self._next.clear()
+            self._marked.clear()
             raise
 
     def read(
@@ -328,6 +376,7 @@ class SqliteLog:
                 return offsets
         except BaseException:
             self._next.clear()
+            self._marked.clear()
             raise
 
     def _commit_batch(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:

@@ -103,3 +103,28 @@ def test_a_large_ledger_gets_a_bounded_check_at_start(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(LedgerFileError, match=r"damaged|cannot"):
         check_readable(path, full_check_max_bytes=0)
+
+
+def test_pruning_deletes_only_processed_intents_past_their_retention(tmp_path: Path) -> None:
+    """Raw arguments live only in intents: processed ones past the retention are deleted,
+    an unprocessed one never is, and the last one stays (it carries the next offset)."""
+    import time
+
+    from processors.runtime.sqlite_log import EXECUTOR, INTENTS
+
+    log = SqliteLog(tmp_path / "ledger.db", partitions=1, create=True)
+    try:
+        log.mark_interval_s = 0.0  # a mark at every append
+        log.append(INTENTS, [(0, b"k", b"old")] * 3)
+        log.conn.execute("UPDATE log_marks SET at = at - 3600")  # appended an hour ago
+        log.append(INTENTS, [(0, b"k", b"new")] * 2)
+        assert log.prune_intents(time.time() - 60) == 0  # nothing is processed yet
+        log.conn.execute("INSERT INTO positions VALUES (?, ?, 0, 2)", (EXECUTOR, INTENTS))
+        assert log.prune_intents(time.time() - 60) == 2  # offsets 0, 1: processed and old
+        assert [o for o, _ in log.read(INTENTS, 0, 0)] == [2, 3, 4]
+        log.conn.execute("UPDATE positions SET next_offset = 5")
+        assert log.prune_intents(time.time() + 60) == 2  # everything old now; 4 is the last
+        assert [o for o, _ in log.read(INTENTS, 0, 0)] == [4]
+        assert log.append(INTENTS, [(0, b"k", b"next")]) == [5]
+    finally:
+        log.close()

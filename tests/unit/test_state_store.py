@@ -282,3 +282,54 @@ async def test_a_restart_with_a_tiny_cache_keeps_every_unresolved_keys_book() ->
         }
     finally:
         await worker.stop()
+
+
+async def test_a_ledger_whose_intents_were_pruned_still_replays_and_restarts(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from processors.runtime.sqlite_log import INTENTS
+
+    made: list[str] = []
+
+    async def handler(args: Args, ctx: ToolContext) -> Made:
+        made.append(ctx.idempotency_key)
+        return Made(n=len(made))
+
+    registry = ToolRegistry()
+    registry.register(
+        Tool(
+            name="op",
+            version="1",
+            arguments=Args,
+            result=Made,
+            handler=handler,
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+    caller = TrustedContext("acme", "ada")
+    path = tmp_path / "ledger.db"
+    keys = [f"k{i}" for i in range(20)]
+    async with EmbeddedLedger(path, registry, create=True, partitions=2) as ledger:
+        assert ledger.log is not None and ledger.runtime is not None
+        ledger.log.mark_interval_s = 0.0
+        first = {
+            k: await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
+            for k in keys
+        }
+        await ledger.runtime.drain()
+        assert ledger.log.prune_intents(time.time() + 1) > 0
+        left = ledger.log.conn.execute(
+            "SELECT COUNT(*) FROM log WHERE topic = ?", (INTENTS,)
+        ).fetchone()[0]
+        assert left == 2  # the last intent of each partition
+        for k in keys:
+            again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
+            assert again.replayed and again.result == first[k].result
+    async with EmbeddedLedger(path, registry, partitions=2) as ledger:
+        new = await ledger.client.call("op", {"title": "n"}, idempotency_key="new", context=caller)
+        assert new.ok and not new.replayed
+        old = await ledger.client.call("op", {"title": "k0"}, idempotency_key="k0", context=caller)
+        assert old.replayed
+    assert made == [*keys, "new"]
