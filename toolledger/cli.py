@@ -54,8 +54,24 @@ DataOption = Annotated[
 ]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"toolledger {version('toolledger')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(log_level: Annotated[str, typer.Option(help="Log level.")] = "WARNING") -> None:
+def main(
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "WARNING",
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     logs.configure(log_level)
 
 

@@ -21,6 +21,8 @@ import contextlib
 import logging
 import resource
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -135,7 +137,29 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-class _Server(uvicorn.Server):
+class AnnouncingServer(uvicorn.Server):
+    """Says where it listens once its sockets are bound: one line on stderr whatever the log
+    level (with ``--port 0`` it is the only way to learn the port)."""
+
+    def __init__(self, config: uvicorn.Config, *, what: str = "toolledger", path: str = "") -> None:
+        super().__init__(config)
+        self._what, self._path = what, path
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.started:
+            return
+        for server in self.servers:
+            for bound in server.sockets:
+                host, port = bound.getsockname()[:2]
+                print(
+                    f"{self._what} listening on http://{host}:{port}{self._path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+
+class _Server(AnnouncingServer):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """Like uvicorn's, without re-raising the signal afterwards (see the module)."""

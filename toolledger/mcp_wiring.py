@@ -122,13 +122,15 @@ async def serve_http(
 ) -> None:
     import uvicorn
 
+    from toolledger.http_server import AnnouncingServer
+
     server = mcp_server(door, wait_s=wait_s)
     app = server.http_app(door_authenticator(door), path=path, host=host)
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, lifespan="on"
     )
     log.info("mcp over streamable http", extra={"host": host, "port": port, "path": path})
-    await uvicorn.Server(config).serve()
+    await AnnouncingServer(config, what="toolledger mcp", path=path).serve()
 
 
 def open_door(
