@@ -271,11 +271,7 @@ def replay(
     projectors first).
     """
     if data is not None:
-        try:
-            log = SqliteLog(data / "ledger.db", create=False)
-        except LedgerFileError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from None
+        log = _existing_ledger(data)
         try:
             with console.status("rebuilding projections from the log"):
                 count = log.rebuild_projections()
@@ -455,16 +451,21 @@ def vacuum(
 ) -> None:
     """Reclaim the space of an embedded ledger: checkpoint its WAL and rewrite the file without
     free pages. Needs the ledger to itself (stop serve/mcp first); nothing is deleted."""
-    try:
-        log = SqliteLog(data / "ledger.db", create=False)
-    except LedgerFileError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+    log = _existing_ledger(data)
     try:
         before, after = log.vacuum()
     finally:
         log.close()
     console.print(f"{data / 'ledger.db'}: {before:,} bytes -> {after:,} bytes")
+
+
+def _existing_ledger(data: Path) -> SqliteLog:
+    """The embedded ledger in ``data``, never created; else one line and exit code 2."""
+    try:
+        return SqliteLog(data / "ledger.db", create=False)
+    except LedgerFileError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
 
 
 register_mcp_command(app)

@@ -104,13 +104,13 @@ class _Store:
         return self._log.load(partition)
 
     async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
-        return await asyncio.to_thread(self._log.read_keys, keys)
+        return await asyncio.to_thread(self._log.reader.read, keys)
 
     async def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
         return await asyncio.to_thread(
-            self._log.due, self._partition, tool, settled_before, after, limit
+            self._log.reader.due, self._partition, tool, settled_before, after, limit
         )
 
     async def commit(self, batch: CommitBatch) -> None:

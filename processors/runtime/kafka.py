@@ -69,17 +69,20 @@ class KafkaStore:
         return self._local.live()
 
     async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
-        return await asyncio.to_thread(self._local.read_keys, keys)
+        return await asyncio.to_thread(self._local.reader.read, keys)
 
     async def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
-        return await asyncio.to_thread(self._local.due, tool, settled_before, after, limit)
+        return await asyncio.to_thread(
+            self._local.reader.due, self._partition, tool, settled_before, after, limit
+        )
 
     async def commit(self, batch: CommitBatch) -> None:
         producer, topics, p = self._producer, self._topics, self._partition
         await producer.begin_transaction()
         state_sends: list[asyncio.Future[Any]] = []
+        pairs: list[tuple[str, bytes | None, StateMeta | None]] = []
         try:
             for event in batch.events:
                 await producer.send(
@@ -92,15 +95,18 @@ class KafkaStore:
                         (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
                     ],
                 )
-            for key, value in topic_pairs(batch):  # tombstones for expired keys: compaction
-                state = batch.states.get(key) if value is not None else None
+            for key, text in topic_pairs(batch):  # tombstones for expired keys: compaction
+                state = batch.states.get(key) if text is not None else None
+                meta = None if state is None else state_meta(state)
+                value = None if text is None else text.encode("utf-8")
+                pairs.append((key, value, meta))
                 state_sends.append(
                     await producer.send(
                         topics.state,
-                        None if value is None else value.encode("utf-8"),
+                        value,
                         key=key.encode("utf-8"),
                         partition=p,
-                        headers=[] if state is None else meta_headers(state_meta(state)),
+                        headers=[] if meta is None else meta_headers(meta),
                     )
                 )
             for letter in batch.dead_letters:
@@ -126,7 +132,8 @@ class KafkaStore:
             self._committed_offset = batch.next_offset
         # committed: every send was acknowledged, so their offsets are known
         last = max((f.result().offset for f in state_sends), default=None)
-        self._local.put(batch, None if last is None else last + 1)
+        # the local store takes the same pairs, as a restore would read them
+        self._local.apply(pairs, None if last is None else last + 1)
 
 
 async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> int:

@@ -48,11 +48,6 @@ class KeyCache:
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._wanted: list[str] = []
         self._loader: asyncio.Task[None] | None = None
-        self.misses = 0
-        self.reads = 0
-
-    def __len__(self) -> int:
-        return len(self._lru) + len(self._held)
 
     # -- pins and loads -----------------------------------------------------------------
 
@@ -79,7 +74,6 @@ class KeyCache:
             return
         future = self._loading.get(key)
         if future is None:
-            self.misses += 1
             future = self._loading[key] = asyncio.get_running_loop().create_future()
             self._wanted.append(key)
             if self._loader is None:
@@ -90,7 +84,6 @@ class KeyCache:
         try:
             while self._wanted:
                 keys, self._wanted = self._wanted, []
-                self.reads += 1
                 try:
                     found = await self._read(keys)
                 except BaseException as exc:
@@ -117,9 +110,6 @@ class KeyCache:
                 future.cancel()
 
     # -- entries ----------------------------------------------------------------------------
-
-    def resident(self, key: str) -> bool:
-        return key in self._held or key in self._lru
 
     def state(self, key: str) -> CallState | None:
         return self._entry(key).state

@@ -21,13 +21,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from processors.runtime import state_table
-from processors.runtime.batch import CommitBatch
 from processors.runtime.snapshot import Snapshot
-from processors.runtime.state_table import KeyEntry, Reader, StateMeta, transaction
+from processors.runtime.state_table import Reader, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -118,18 +117,12 @@ class LocalStore:
         return int(row[0])
 
     def apply(
-        self, pairs: Iterable[tuple[str, bytes | None, StateMeta | None]], checkpoint: int
+        self, pairs: Iterable[tuple[str, bytes | None, StateMeta | None]], checkpoint: int | None
     ) -> None:
-        """Pairs read from the topic, and the offset after them, in one transaction."""
+        """Pairs of the topic (read from it at a restore, or just committed to it by this
+        owner), and the offset after them (None: unchanged), in one transaction."""
         with transaction(self.conn):
             state_table.put_pairs(self.conn, self.identity_partition, pairs)
-            self._set_checkpoint(checkpoint)
-
-    def put(self, batch: CommitBatch, checkpoint: int | None) -> None:
-        """A batch this owner committed to the topic (``checkpoint``: the offset after its
-        last state record; None: it wrote none)."""
-        with transaction(self.conn):
-            state_table.put_batch(self.conn, batch)
             if checkpoint is not None:
                 self._set_checkpoint(checkpoint)
 
@@ -154,19 +147,10 @@ class LocalStore:
     def live(self) -> Snapshot:
         return state_table.live(self.conn, self.identity_partition)
 
-    def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
-        """From any thread (its own connection)."""
-        with self._reader.connection() as conn:
-            return state_table.read(conn, keys)
-
-    def due(
-        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
-    ) -> list[tuple[float, str]]:
-        """From any thread (its own connection)."""
-        with self._reader.connection() as conn:
-            return state_table.due(
-                conn, self.identity_partition, tool, settled_before, after, limit
-            )
+    @property
+    def reader(self) -> Reader:
+        """Key states for the worker's threads."""
+        return self._reader
 
 
 class _Mismatch(Exception):

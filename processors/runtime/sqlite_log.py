@@ -29,7 +29,7 @@ from processors.runtime.ledger_file import (
     write_failure,
 )
 from processors.runtime.snapshot import Snapshot
-from processors.runtime.state_table import KeyEntry, Reader, transaction
+from processors.runtime.state_table import Reader, transaction
 from projections import sqlite as projection
 from projections.rows import Position
 from schemas.codec import CodecError, decode
@@ -44,7 +44,7 @@ INTENTS = "intents"
 OUTCOMES = "outcomes"
 EXECUTOR = "executor"
 WAL_SIZE_LIMIT = 64 << 20
-MARK_INTERVAL_S = 60.0  # a log partition's time index: one (offset, time) mark per minute
+MARK_INTERVAL_S = 60.0  # an intents partition's time index: one (offset, time) mark a minute
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -102,7 +102,7 @@ class SqliteLog:
         self._next: dict[tuple[str, int], int] = {}
         self._marked: dict[tuple[str, int], float] = {}  # when each partition was last marked
         self.mark_interval_s = MARK_INTERVAL_S
-        self._reader = Reader(self.path)
+        self.reader = Reader(self.path)  # key states for the workers' threads
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -228,7 +228,7 @@ class SqliteLog:
         except sqlite3.Error as exc:  # e.g. a full disk: the WAL stays, and is replayed
             log.warning("WAL checkpoint failed", extra={"path": str(self.path), "error": str(exc)})
         finally:
-            self._reader.close()
+            self.reader.close()
             self.conn.close()
             self._unlock()
 
@@ -253,7 +253,9 @@ class SqliteLog:
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
             rows.append((topic, partition, offset, key, value))
-            if now - self._marked.get((topic, partition), float("-inf")) >= self.mark_interval_s:
+            if topic == INTENTS and now - self._marked.get(
+                (topic, partition), float("-inf")
+            ) >= self.mark_interval_s:
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
         self.conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
@@ -343,23 +345,6 @@ class SqliteLog:
     def load(self, partition: int) -> Snapshot:
         return state_table.live(self.conn, partition)
 
-    def read_keys(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
-        """Stored call keys, as of the last commit; safe to call from another thread (it has
-        its own connection: WAL readers neither block nor see a write in progress)."""
-        with self._reader.connection() as conn:
-            return state_table.read(conn, keys)
-
-    def due(
-        self,
-        partition: int,
-        tool: str,
-        settled_before: float,
-        after: tuple[float, str] | None,
-        limit: int,
-    ) -> list[tuple[float, str]]:
-        """See :func:`state_table.due`; like :meth:`read_keys`, from any thread."""
-        with self._reader.connection() as conn:
-            return state_table.due(conn, partition, tool, settled_before, after, limit)
 
     def write(
         self,

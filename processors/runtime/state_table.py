@@ -88,7 +88,7 @@ class Reader:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self) -> Iterator[sqlite3.Connection]:
         """The connection, for one read that is fully fetched inside the block."""
         with self._lock:
             if self._conn is None:
@@ -96,6 +96,23 @@ class Reader:
                     self._path, isolation_level=None, check_same_thread=False
                 )
             yield self._conn
+
+    def read(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
+        """:func:`read`, as of the last commit."""
+        with self._connection() as conn:
+            return read(conn, keys)
+
+    def due(
+        self,
+        partition: int,
+        tool: str,
+        settled_before: float,
+        after: tuple[float, str] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        """:func:`due`, as of the last commit."""
+        with self._connection() as conn:
+            return due(conn, partition, tool, settled_before, after, limit)
 
     def close(self) -> None:
         with self._lock:

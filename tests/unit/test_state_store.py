@@ -19,7 +19,7 @@ from processors.runtime.batch import CommitBatch
 from processors.runtime.kafka import meta_headers, meta_of_headers
 from processors.runtime.local_store import LocalStore
 from processors.runtime.snapshot import topic_pairs
-from processors.runtime.state_table import state_meta
+from processors.runtime.state_table import StateMeta, state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
@@ -89,6 +89,22 @@ def _batches() -> list[CommitBatch]:
     ]
 
 
+def _pairs(
+    batch: CommitBatch, *, headers: bool = True
+) -> list[tuple[str, bytes | None, StateMeta | None]]:
+    """The batch as state-topic records: the row fields in headers, or (older records) not."""
+    return [
+        (
+            k,
+            None if v is None else v.encode(),
+            meta_of_headers(meta_headers(state_meta(batch.states[k])))
+            if headers and k in batch.states
+            else None,
+        )
+        for k, v in topic_pairs(batch)
+    ]
+
+
 @pytest.mark.parametrize("headers", [True, False], ids=["with-headers", "json-only"])
 def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
     tmp_path: Path, headers: bool
@@ -101,17 +117,7 @@ def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
         state_table.create(conn)
     for batch in _batches():
         state_table.put_batch(direct, batch)
-        pairs = [
-            (
-                k,
-                None if v is None else v.encode(),
-                meta_of_headers(meta_headers(state_meta(batch.states[k])))
-                if headers and k in batch.states
-                else None,
-            )
-            for k, v in topic_pairs(batch)
-        ]
-        state_table.put_pairs(restored, 0, pairs)
+        state_table.put_pairs(restored, 0, _pairs(batch, headers=headers))
         assert _rows(direct) == _rows(restored)
     a, b, _c = KEYS
     assert [row[0] for row in direct.execute("SELECT call_key FROM call_state")] == [a, b]
@@ -142,12 +148,12 @@ def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
 def test_a_local_store_keeps_its_checkpoint_and_contents(tmp_path: Path) -> None:
     path = tmp_path / "p0.db"
     store = LocalStore(path, IDENTITY)
-    store.put(_batches()[0], 42)
+    store.apply(_pairs(_batches()[0]), 42)
     store.close()
     again = LocalStore(path, IDENTITY)
     try:
         assert again.checkpoint == 42
-        assert set(again.read_keys(KEYS)) == set(KEYS)
+        assert set(again.reader.read(KEYS)) == set(KEYS)
     finally:
         again.close()
 
@@ -160,12 +166,12 @@ def test_a_local_store_of_another_topic_partition_is_rebuilt(
 ) -> None:
     path = tmp_path / "p0.db"
     store = LocalStore(path, IDENTITY)
-    store.put(_batches()[0], 42)
+    store.apply(_pairs(_batches()[0]), 42)
     store.close()
     with caplog.at_level(logging.WARNING, "toolledger.kafka"):
         other = LocalStore(path, {**IDENTITY, **changed})
     try:
-        assert other.checkpoint == 0 and other.read_keys(KEYS) == {}
+        assert other.checkpoint == 0 and other.reader.read(KEYS) == {}
         assert "rebuilt" in caplog.text
     finally:
         other.close()
@@ -191,9 +197,8 @@ class Made(BaseModel):
     n: int
 
 
-async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path) -> None:
-    """Files written before the state table held books: states keep replaying, books move."""
-    made: list[str] = []
+def _counting_registry(made: list[str]) -> ToolRegistry:
+    """One mutation, ``op``, that appends each execution's key to ``made``."""
 
     async def handler(args: Args, ctx: ToolContext) -> Made:
         made.append(ctx.idempotency_key)
@@ -210,6 +215,13 @@ async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path
             description=ToolDescription("op", "tests", "never", "none", "replayed"),
         )
     )
+    return registry
+
+
+async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path) -> None:
+    """Files written before the state table held books: states keep replaying, books move."""
+    made: list[str] = []
+    registry = _counting_registry(made)
     caller = TrustedContext("acme", "ada")
     path = tmp_path / "ledger.db"
     async with EmbeddedLedger(path, registry, create=True) as ledger:
@@ -292,22 +304,7 @@ async def test_a_ledger_whose_intents_were_pruned_still_replays_and_restarts(
     from processors.runtime.sqlite_log import INTENTS
 
     made: list[str] = []
-
-    async def handler(args: Args, ctx: ToolContext) -> Made:
-        made.append(ctx.idempotency_key)
-        return Made(n=len(made))
-
-    registry = ToolRegistry()
-    registry.register(
-        Tool(
-            name="op",
-            version="1",
-            arguments=Args,
-            result=Made,
-            handler=handler,
-            description=ToolDescription("op", "tests", "never", "none", "replayed"),
-        )
-    )
+    registry = _counting_registry(made)
     caller = TrustedContext("acme", "ada")
     path = tmp_path / "ledger.db"
     keys = [f"k{i}" for i in range(20)]
