@@ -15,6 +15,10 @@ from schemas.canonical import CanonicalJsonError, args_digest
 from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
 
 
+class ToolRegistrationError(ValueError):
+    """A tool that is not ready to run unattended; the message says what is missing."""
+
+
 class EffectClass(StrEnum):
     READ_ONLY = "read_only"
     MUTATION = "mutation"
@@ -84,11 +88,16 @@ class ToolDescription:
     replay_behaviour: str
 
     def text(self) -> str:
-        return (
-            f"{self.summary}\nUse when: {self.when_to_use}\nDo not use when: "
-            f"{self.when_not_to_use}\nPreconditions: {self.preconditions}\n"
-            f"Replay: {self.replay_behaviour}"
-        )
+        """One line per part; a part left empty (a decorated tool's docstring may omit "Do not
+        use when:" or "Preconditions:") is left out."""
+        lines = [
+            self.summary,
+            f"Use when: {self.when_to_use}",
+            f"Do not use when: {self.when_not_to_use}" if self.when_not_to_use else "",
+            f"Preconditions: {self.preconditions}" if self.preconditions else "",
+            f"Replay: {self.replay_behaviour}",
+        ]
+        return "\n".join(line for line in lines if line)
 
 
 @dataclass(frozen=True, slots=True)

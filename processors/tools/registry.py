@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar, Unpack
 
 from pydantic import AliasChoices, AliasPath, BaseModel
 
 from processors.ledger.commands import Policy
+from processors.tools.decorators import ReconcileFunction, ToolOptions, build_tool, reconcile_hook
 from processors.tools.manifest import EffectClass, RiskTier, Tool
+from processors.tools.manifest import ToolRegistrationError as ToolRegistrationError
 from processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
     KeyRetention,
@@ -26,8 +29,35 @@ TRUSTED_CONTEXT_FIELDS = frozenset(
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
-class ToolRegistrationError(ValueError):
-    pass
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DecoratedTool:
+    """What ``@registry.mutation(...)`` and its siblings return: a handle on the registered
+    tool. ``@handle.reconcile`` adds its reconcile hook; calling the handle calls the handler
+    as written (for the author's own tests)."""
+
+    def __init__(self, registry: ToolRegistry, name: str, function: Callable[..., Any]) -> None:
+        self._registry = registry
+        self.name = name
+        self.function = function
+
+    @property
+    def tool(self) -> Tool:
+        return self._registry._tools[self.name]
+
+    def reconcile(self, function: ReconcileFunction) -> ReconcileFunction:
+        """The downstream's answer to "did the call with this idempotency key happen?": the
+        result model if it did, None if it did not (return it, do not raise)."""
+        tool = self.tool
+        hook = reconcile_hook(self.name, tool.result, function)
+        self._registry._tools[self.name] = replace(tool, reconcile=hook)
+        self._registry._awaiting_reconcile.discard(self.name)
+        self._registry._policies.pop(self.name, None)
+        return function
+
+    async def __call__(self, *args: Any) -> Any:
+        return await self.function(*args)
 
 
 class ToolRegistry:
@@ -41,6 +71,9 @@ class ToolRegistry:
         self._trusted = trusted_fields
         self.default_key_retention = default_key_retention
         self._policies: dict[str, Policy] = {}
+        # decorated tools whose risk needs a reconcile hook that ``@tool.reconcile`` adds
+        # after the decorator ran: checked when the registry is first used
+        self._awaiting_reconcile: set[str] = set()
 
     def set_default_key_retention(self, retention: KeyRetention) -> None:
         """The retention of tools whose manifest sets none (``--key-retention``)."""
@@ -67,8 +100,46 @@ class ToolRegistry:
             "key_retention_seconds": seconds_of(retention),
         }
 
+    def mutation(self, **options: Unpack[ToolOptions]) -> Callable[[F], DecoratedTool]:
+        """Register the decorated handler as a mutation: it runs at most once per key."""
+        return self._decorator(EffectClass.MUTATION, options)
+
+    def read_only(self, **options: Unpack[ToolOptions]) -> Callable[[F], DecoratedTool]:
+        """Register the decorated handler as read-only: no key, runs on every call."""
+        return self._decorator(EffectClass.READ_ONLY, options)
+
+    def long_running(self, **options: Unpack[ToolOptions]) -> Callable[[F], DecoratedTool]:
+        """Register the decorated handler as a long-running tool (it starts a job)."""
+        return self._decorator(EffectClass.LONG_RUNNING, options)
+
+    def _decorator(self, effect: EffectClass, options: ToolOptions) -> Callable[[F], DecoratedTool]:
+        def register(function: F) -> DecoratedTool:
+            where = sys._getframe(1).f_locals  # the decorating scope, for its local models
+            tool = build_tool(function, effect, options, where)
+            self._register(tool, reconcile_later=True)
+            return DecoratedTool(self, tool.name, function)
+
+        return register
+
+    def check(self) -> None:
+        """Raise :class:`ToolRegistrationError` if a decorated tool still lacks the reconcile
+        hook its risk needs (``@tool.reconcile``). Runtimes call it before they serve."""
+        if self._awaiting_reconcile:
+            problems = [
+                f"tool {name!r} cannot be registered: {_needs_reconcile(self._tools[name])}"
+                " (decorate an async function with @<tool>.reconcile)"
+                for name in sorted(self._awaiting_reconcile)
+            ]
+            raise ToolRegistrationError("; ".join(problems))
+
     def register(self, tool: Tool) -> Tool:
+        return self._register(tool, reconcile_later=False)
+
+    def _register(self, tool: Tool, *, reconcile_later: bool) -> Tool:
         problems = self._problems(tool)
+        if reconcile_later and _needs_reconcile(tool) in problems:
+            problems.remove(_needs_reconcile(tool))
+            self._awaiting_reconcile.add(tool.name)
         if problems:
             raise ToolRegistrationError(
                 f"tool {tool.name!r} cannot be registered: " + "; ".join(problems)
@@ -77,9 +148,11 @@ class ToolRegistry:
         return tool
 
     def get(self, name: str) -> Tool | None:
+        self.check()
         return self._tools.get(name)
 
     def __iter__(self) -> Iterator[Tool]:
+        self.check()
         return iter(sorted(self._tools.values(), key=lambda t: t.name))
 
     def __len__(self) -> int:
@@ -96,11 +169,7 @@ class ToolRegistry:
             and tool.risk in (RiskTier.HIGH, RiskTier.IRREVERSIBLE)
             and tool.reconcile is None
         ):
-            problems.append(
-                f"a {tool.risk.value}-risk {tool.effect.value} needs a reconcile hook (a query "
-                "of the downstream by idempotency key) so that an UNKNOWN outcome can be "
-                "resolved without running it again; pass reconcile=..."
-            )
+            problems.append(_needs_reconcile(tool))
         smuggled = sorted(self._trusted & _accepted_names(tool.arguments))
         if smuggled:
             problems.append(
@@ -123,6 +192,14 @@ class ToolRegistry:
         if unknown:
             problems.append(f"redact_fields names unknown argument fields {unknown}")
         return problems
+
+
+def _needs_reconcile(tool: Tool) -> str:
+    return (
+        f"a {tool.risk.value}-risk {tool.effect.value} needs a reconcile hook (a query "
+        "of the downstream by idempotency key) so that an UNKNOWN outcome can be "
+        "resolved without running it again; pass reconcile=..."
+    )
 
 
 def _accepted_names(model: type[BaseModel]) -> set[str]:
