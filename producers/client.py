@@ -86,6 +86,8 @@ class CallResult:
     intent_id: str = ""
     field_errors: tuple[FieldError, ...] = ()
     event: Event | None = field(default=None, compare=False)
+    # the approval request an APPROVAL_REQUIRED refusal opened, as the HTTP API shows it
+    approval_request: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -62,7 +62,7 @@ class EmbeddedLedger:
             None if intents_retention is None else intents_retention.total_seconds()
         )
         self._create = create
-        self._shutdown_timeout_s = shutdown_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
         self._probed_at = float("-inf")
         self._writable = True
         self.registry = registry
@@ -166,4 +166,4 @@ class EmbeddedLedger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close(grace_s=self._shutdown_timeout_s if exc is None else 0.0)
+        await self.close(grace_s=self.shutdown_timeout_s if exc is None else 0.0)

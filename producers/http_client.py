@@ -1,0 +1,246 @@
+"""``HttpLedgerClient``: :meth:`LedgerClient.call` answered by a remote toolledger over its
+HTTP API, for applications and adapters that do not run the ledger in their process.
+
+It follows the server's semantics rather than adding its own:
+
+- ``wait`` becomes ``Prefer: wait=<seconds>``; a ``202`` (still running when the wait ran out)
+  is a PENDING result, and asking again with the same key and arguments gets the outcome;
+- ``409 IDEMPOTENCY_KEY_IN_USE`` is PENDING too (another call with the key runs);
+- a ``503`` or ``429`` with ``Retry-After`` is tried again after that delay while the wait
+  lasts (the key makes it safe: the ledger runs a keyed call at most once), then returned;
+- a server that cannot be reached raises :class:`TransportError` naming the URL: the call
+  may or may not have been appended, and the same key makes calling again safe.
+
+The tenant and principal are the token's: the server authenticates every request. A
+``context`` passed to :meth:`call` only names the tenant for the call ids of refusals (which
+the server does not give).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from producers.client import (
+    DEFAULT_WAIT_S,
+    MAX_WAIT_S,
+    CallResult,
+    TransportError,
+    TrustedContext,
+)
+from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.status import CallStatus
+
+PROBLEM = "application/problem+json"
+CONNECT_TIMEOUT_S = 5.0
+# time for the server to answer beyond the wait it was asked for
+ANSWER_MARGIN_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteTool:
+    """A tool as ``GET /v1/tools`` lists it (what the adapters need: ``ToolSpec``)."""
+
+    name: str
+    keyed: bool
+    manifest: Mapping[str, Any]
+
+
+class HttpLedgerClient:
+    """``async with HttpLedgerClient(url, token) as client: await client.call(...)``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        default_wait_s: float = DEFAULT_WAIT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self._default_wait_s = default_wait_s
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            transport=transport,
+            timeout=httpx.Timeout(MAX_WAIT_S + ANSWER_MARGIN_S, connect=CONNECT_TIMEOUT_S),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    async def __aenter__(self) -> HttpLedgerClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        idempotency_key: str | None,
+        context: TrustedContext | None = None,
+        wait: float | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        approval_token: str | None = None,
+    ) -> CallResult:
+        """Run ``tool`` at most once per ``idempotency_key`` on the server; see the module."""
+        call_id = ""
+        if context is not None:
+            call_key = str(CallKey(context.tenant_id, tool, idempotency_key or ""))
+            call_id = call_id_for(call_key, idempotency_key or "", "") if idempotency_key else ""
+        if idempotency_key is not None:
+            try:
+                check_idempotency_key(idempotency_key)
+            except InvalidIdempotencyKey as exc:
+                return _refused(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc), call_id)
+        body: dict[str, Any] = {"arguments": arguments}
+        body.update(
+            (name, value)
+            for name, value in (
+                ("run_id", run_id),
+                ("step_id", step_id),
+                ("approval_token", approval_token),
+            )
+            if value is not None
+        )
+        try:
+            content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError) as exc:
+            return _refused(
+                ErrorCode.VALIDATION_FAILED,
+                f"The arguments are not a JSON document: {exc}",
+                call_id,
+            )
+        headers = {"Content-Type": "application/json"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        waited = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+        deadline = time.monotonic() + waited
+        path = f"/v1/tools/{quote(tool, safe='')}/calls"
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            headers["Prefer"] = f"wait={left:.3f}"
+            response = await self._send("POST", path, content=content, headers=headers)
+            delay = _retry_after(response)
+            if (
+                response.status_code in (429, 503)
+                and delay is not None
+                and time.monotonic() + delay < deadline
+            ):
+                await asyncio.sleep(delay)
+                continue
+            return _result_of(response, call_id)
+
+    async def tools(self) -> list[RemoteTool]:
+        """The server's tools (``GET /v1/tools``), as the adapters take them."""
+        response = await self._send("GET", "/v1/tools")
+        page = _json(response)
+        if response.status_code != 200:
+            raise TransportError(f"{self.url}/v1/tools answered {response.status_code}: {page}")
+        return [
+            RemoteTool(t["name"], bool(t.get("idempotency_key_required")), t)
+            for t in page.get("tools", [])
+        ]
+
+    async def get_call(self, call_id: str) -> dict[str, Any] | None:
+        """The Call resource (``GET /v1/calls/{id}``), or None if this tenant has no such call."""
+        response = await self._send("GET", f"/v1/calls/{quote(call_id, safe='')}")
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise TransportError(f"{response.url} answered {response.status_code}")
+        return _json(response)
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise TransportError(
+                f"toolledger at {self.url} could not be reached ({type(exc).__name__}: {exc}); "
+                "a keyed call may or may not have been appended: calling again with the same "
+                "key and arguments is safe"
+            ) from exc
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "")
+    return float(value) if value.isdigit() else None
+
+
+def _result_of(response: httpx.Response, call_id: str) -> CallResult:
+    """The caller's view of the server's answer, as :func:`producers.client.result_of` gives
+    it in-process (without the event: the server does not send it)."""
+    data = _json(response)
+    media = response.headers.get("content-type", "").split(";")[0].strip()
+    if media == PROBLEM and isinstance(data.get("code"), str):
+        return _problem_result(response.status_code, data, call_id)
+    if "status" not in data or response.status_code not in (200, 202):
+        raise TransportError(
+            f"{response.url} answered {response.status_code} with no call or problem in it"
+        )
+    status = CallStatus(data["status"])
+    error = ErrorInfo.model_validate(data["error"]) if data.get("error") else None
+    running = response.status_code == 202
+    if running:
+        error = ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is running.")
+    return CallResult(
+        status,
+        data.get("result"),
+        error=error,
+        attempts=int(data.get("attempts", 0)),
+        replayed=response.headers.get("idempotent-replayed") == "true",
+        running=running,
+        call_id=str(data.get("call_id", call_id)),
+    )
+
+
+def _problem_result(status: int, data: dict[str, Any], call_id: str) -> CallResult:
+    error = ErrorInfo(
+        code=data["code"],
+        message=str(data.get("detail", "")),
+        retryable=bool(data.get("retryable")),
+        suggested_action=str(data.get("suggested_action", "")),
+    )
+    if error.code == ErrorCode.IDEMPOTENCY_KEY_IN_USE or (
+        status == 503 and error.code == ErrorCode.INTERNAL
+    ):
+        return CallResult(CallStatus.PENDING, error=error, call_id=call_id)
+    field_errors = tuple(FieldError.model_validate(e) for e in data.get("errors") or ())
+    return CallResult(
+        None,
+        error=error,
+        call_id=call_id,
+        field_errors=field_errors,
+        approval_request=data.get("approval_request"),
+    )
+
+
+def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:
+    return CallResult(status=None, error=ErrorInfo.of(code, message), call_id=call_id)

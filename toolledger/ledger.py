@@ -1,0 +1,216 @@
+"""``Ledger``: one client API over three transports.
+
+- ``Ledger.embedded(path, registry)``: the ledger in this process, on one SQLite file;
+- ``Ledger.kafka(bootstrap)``: intents to Kafka, answered by ``toolledger executor``
+  processes elsewhere;
+- ``Ledger.http(url, token)``: a remote ``toolledger serve`` over its HTTP API.
+
+Each is an async context manager whose :meth:`Ledger.call` is the same call, with the same
+answers (a :class:`CallResult`), so an application and the agent adapters can move from one to
+another without a change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from processors.tools.registry import ToolRegistry
+from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.http_client import HttpLedgerClient, RemoteTool
+from schemas.topics import Topics
+
+
+class _Caller(Protocol):
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        idempotency_key: str | None,
+        context: Any,  # a TrustedContext; over HTTP it may be None (the token says who)
+        wait: float | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        approval_token: str | None = None,
+    ) -> CallResult: ...
+
+
+class _Backend(Protocol):
+    authenticated: bool  # the server takes tenant and principal from authentication
+
+    async def open(self) -> _Caller: ...
+
+    async def close(self, failed: bool) -> None: ...
+
+    async def tools(self) -> list[RemoteTool]: ...
+
+
+class _Embedded:
+    authenticated = False
+
+    def __init__(self, path: Path, registry: ToolRegistry, options: dict[str, Any]) -> None:
+        from toolledger.embedded import EmbeddedLedger
+
+        registry.check()
+        options.setdefault("create", True)
+        self.registry = registry
+        self.ledger = EmbeddedLedger(path, registry, **options)
+
+    async def open(self) -> _Caller:
+        await self.ledger.start()
+        return self.ledger.client
+
+    async def close(self, failed: bool) -> None:
+        await self.ledger.close(grace_s=0.0 if failed else self.ledger.shutdown_timeout_s)
+
+    async def tools(self) -> list[RemoteTool]:
+        return _registry_tools(self.registry)
+
+
+class _Kafka:
+    authenticated = False
+
+    def __init__(
+        self, bootstrap: str, topics: Topics, registry: ToolRegistry | None, wait_s: float
+    ) -> None:
+        try:
+            from producers.kafka import KafkaTransport
+        except ModuleNotFoundError as exc:  # depends on the install
+            raise ModuleNotFoundError(
+                f"Ledger.kafka needs the kafka extra: pip install 'toolledger[kafka]' ({exc})"
+            ) from exc
+        self.transport = KafkaTransport(bootstrap, topics)
+        self.registry = registry
+        self.wait_s = wait_s
+
+    async def open(self) -> _Caller:
+        await self.transport.start()
+        return LedgerClient(self.transport, default_wait_s=self.wait_s)
+
+    async def close(self, failed: bool) -> None:
+        await self.transport.stop()
+
+    async def tools(self) -> list[RemoteTool]:
+        return _registry_tools(self.registry) if self.registry is not None else []
+
+
+class _Http:
+    authenticated = True
+
+    def __init__(self, url: str, token: str, wait_s: float) -> None:
+        self.client = HttpLedgerClient(url, token, default_wait_s=wait_s)
+
+    async def open(self) -> _Caller:
+        return self.client
+
+    async def close(self, failed: bool) -> None:
+        await self.client.close()
+
+    async def tools(self) -> list[RemoteTool]:
+        return await self.client.tools()
+
+
+class Ledger:
+    """Build one with :meth:`embedded`, :meth:`kafka` or :meth:`http`, then
+    ``async with ledger: await ledger.call(tool, arguments, idempotency_key=..., ...)``."""
+
+    def __init__(self, backend: _Backend, context: TrustedContext | None = None) -> None:
+        self._backend = backend
+        self._context = context
+        self._caller: _Caller | None = None
+
+    @classmethod
+    def embedded(
+        cls,
+        path: str | Path,
+        registry: ToolRegistry,
+        *,
+        context: TrustedContext | None = None,
+        **options: Any,
+    ) -> Ledger:
+        """The ledger in this process, on the SQLite file ``path`` (made if it does not exist).
+        ``context``: who calls when :meth:`call` is given none; ``options`` are those of
+        :class:`toolledger.embedded.EmbeddedLedger` (partitions, cache_entries, ...)."""
+        return cls(_Embedded(Path(path), registry, options), context)
+
+    @classmethod
+    def kafka(
+        cls,
+        bootstrap: str,
+        registry: ToolRegistry | None = None,
+        *,
+        prefix: str = "toolledger.",
+        partitions: int = 4,
+        context: TrustedContext | None = None,
+        default_wait_s: float = 10.0,
+    ) -> Ledger:
+        """Intents appended to the Kafka cluster at ``bootstrap`` (topics ``<prefix>intents``
+        and so on, made by ``toolledger topics``), executed by ``toolledger executor``
+        processes. ``registry`` is only used to list the tools (the executors hold theirs)."""
+        topics = Topics(prefix, partitions)
+        return cls(_Kafka(bootstrap, topics, registry, default_wait_s), context)
+
+    @classmethod
+    def http(cls, url: str, token: str, *, default_wait_s: float = 10.0) -> Ledger:
+        """A remote ``toolledger serve`` at ``url``; ``token`` is the bearer token that names
+        the tenant, the principal and the scopes (the server authenticates every call)."""
+        return cls(_Http(url, token, default_wait_s))
+
+    async def __aenter__(self) -> Ledger:
+        self._caller = await self._backend.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._caller = None
+        await self._backend.close(exc is not None)
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        idempotency_key: str | None,
+        context: TrustedContext | None = None,
+        wait: float | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        approval_token: str | None = None,
+    ) -> CallResult:
+        """Run ``tool`` at most once per ``idempotency_key`` and wait up to ``wait`` seconds
+        for its outcome (see :meth:`producers.client.LedgerClient.call`). ``context``: who
+        calls, from the application's own authentication (embedded and Kafka); over HTTP the
+        token says who calls and ``context`` may be left out."""
+        if self._caller is None:
+            raise RuntimeError("use the ledger inside `async with ledger:`")
+        who = context or self._context
+        if who is None and not self._backend.authenticated:
+            raise ValueError(
+                "pass context=TrustedContext(tenant_id, principal): in this process there is "
+                "no authentication to take the tenant and the principal from"
+            )
+        return await self._caller.call(
+            tool,
+            arguments,
+            idempotency_key=idempotency_key,
+            context=who,
+            wait=wait,
+            run_id=run_id,
+            step_id=step_id,
+            approval_token=approval_token,
+        )
+
+    async def tools(self) -> list[RemoteTool]:
+        """The tools and their manifests, as the agent adapters take them (``ToolSpec``)."""
+        return await self._backend.tools()
+
+
+def _registry_tools(registry: ToolRegistry) -> list[RemoteTool]:
+    return [RemoteTool(t.name, t.keyed, registry.manifest(t)) for t in registry]
