@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "toolledger needs Python >= 3.11"'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[all,dev]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
@@ -40,7 +40,13 @@ serve: $(STAMP)
 	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: charge-1' \\"; \
 	echo "    -d '{\"arguments\": {\"customer_id\": \"cus_1\", \"amount_cents\": 1200, \"currency\": \"USD\"}}'"; \
 	echo "  curl -sS -X POST $$url/v1/approval-requests/<id>/approve -H \"Authorization: Bearer \$$OPERATOR\""; \
-	echo "  (then the charge curl again, with  ,\"approval_token\": \"<token>\"  after the arguments object)"
+	echo "  (then the charge curl again, with  ,\"approval_token\": \"<token>\"  after the arguments object)"; \
+	echo "the same as an operator with the CLI (--url defaults to http://127.0.0.1:8080, or TOOLLEDGER_URL):"; \
+	echo "  export TOOLLEDGER_URL=$$url TOOLLEDGER_TOKEN=\$$OPERATOR"; \
+	echo "  $(BIN)/toolledger approvals list --status pending"; \
+	echo "  $(BIN)/toolledger approvals approve <id>      (or: approvals deny <id> --reason '...')"; \
+	echo "  $(BIN)/toolledger switch off charge_card --reason 'incident 1'   (and: switch on ...)"; \
+	echo "  $(BIN)/toolledger calls search --key charge-1"
 	exec $(BIN)/toolledger serve --create --host $(SERVE_HOST) --port $(SERVE_PORT) \
 	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import tempfile
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,7 +25,10 @@ from toolledger.config import (
     redaction_secret,
 )
 from toolledger.mcp_wiring import register_mcp_command
+from toolledger.operator_cli import register_operator_commands
 from toolledger.options import (
+    DISTRIBUTED_PANEL,
+    HELPDESK_PANEL,
     JWT_ALGORITHMS,
     JWT_PRINCIPAL_CLAIM,
     JWT_TENANT_CLAIM,
@@ -35,18 +41,34 @@ from toolledger.options import (
     JwtScopesClaimOption,
     JwtTenantClaimOption,
     KafkaOption,
+    MissingExtra,
     PartitionsOption,
     PrefixOption,
+    SectionedCommand,
     ServeKafkaOption,
     ServePostgresOption,
 )
 
+# Plain help (click's layout): it wraps every option name and help text to the terminal,
+# 80 columns included, where rich's tables cut long option names with an ellipsis.
 app = typer.Typer(
     help="toolledger: an execution ledger for AI agents' tool calls.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
+command = functools.partial(app.command, cls=SectionedCommand)
 console = Console(soft_wrap=True)  # an error is one line, whatever the width
+
+
+def _require(*extras: str, what: str) -> None:
+    """Exit 2 with the ``pip install`` line if an optional dependency is missing."""
+    try:
+        options.require(*extras, what=what)
+    except MissingExtra as exc:
+        console.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
 
 DataOption = Annotated[
     Path | None,
@@ -82,7 +104,7 @@ def _tracing() -> None:
     configure_tracing(None)
 
 
-@app.command()
+@command()
 def demo(data: DataOption = None) -> None:
     """Run a scripted agent session on the embedded backend and check its invariants."""
     from toolledger.demo import print_result, run_demo
@@ -102,17 +124,31 @@ ApprovalRequestTtlOption = Annotated[
 ]
 
 
-@app.command()
+@command()
 def executor(
+    ctx: typer.Context,
     kafka: KafkaOption = DEFAULT_KAFKA,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
     tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
-    helpdesk_db: Annotated[Path, typer.Option(help="Downstream store of the helpdesk tools.")] = (
-        Path("helpdesk.db")
-    ),
-    timeout_s: Annotated[float, typer.Option(help="Helpdesk tools' timeout.")] = 10.0,
-    flaky_timeout_s: Annotated[float, typer.Option(help="flaky_write's timeout.")] = 5.0,
+    helpdesk_db: Annotated[
+        Path,
+        typer.Option(
+            help="Where the helpdesk tools write their side effects (SQLite).",
+            rich_help_panel=HELPDESK_PANEL,
+        ),
+    ] = Path("helpdesk.db"),
+    timeout_s: Annotated[
+        float,
+        typer.Option(help="The helpdesk tools' timeout, seconds.", rich_help_panel=HELPDESK_PANEL),
+    ] = 10.0,
+    flaky_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="flaky_write's timeout (the fault-injection tool), seconds.",
+            rich_help_panel=HELPDESK_PANEL,
+        ),
+    ] = 5.0,
     concurrency: Annotated[int, typer.Option(help="Calls in flight per partition.")] = 64,
     session_timeout_ms: Annotated[int, typer.Option(help="Consumer session timeout.")] = 30_000,
     redaction_secret_file: Annotated[Path | None, typer.Option(help="Redaction key file.")] = None,
@@ -136,10 +172,13 @@ def executor(
     cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
+    _require("kafka", what="toolledger executor")
     from schemas.topics import Topics
     from toolledger.distributed import run_executor
 
     try:
+        if tools != "helpdesk":
+            _helpdesk_only(ctx, "helpdesk_db", "timeout_s", "flaky_timeout_s")
         secret = redaction_secret(redaction_secret_file)
         registry = load_tools(
             tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
@@ -166,7 +205,18 @@ def executor(
     )
 
 
-@app.command()
+def _helpdesk_only(ctx: typer.Context, *names: str) -> None:
+    """:class:`ConfigError` if an option of the helpdesk toolset was given for another one."""
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name in names else None
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            raise ConfigError(
+                f"{param.opts[0]} is an option of the helpdesk toolset (--tools helpdesk), "
+                f"not of {ctx.params['tools']}"
+            )
+
+
+@command()
 def topics(
     kafka: KafkaOption = DEFAULT_KAFKA,
     prefix: PrefixOption = "toolledger.",
@@ -184,6 +234,7 @@ def topics(
 ) -> None:
     """Create the Kafka topics if missing and set each one's config: intents with time
     retention, outcomes as told, state compacted (expired keys' tombstones shrink it)."""
+    _require("kafka", what="toolledger topics")
     from schemas.topics import Topics
     from toolledger.kafka_admin import apply_topic_configs, ensure_topics, topic_configs
 
@@ -224,9 +275,10 @@ def _retention_ms(text: str, *, allow_forever: bool) -> int:
 PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
 
 
-@app.command()
+@command()
 def migrate(postgres: PostgresOption = DEFAULT_POSTGRES) -> None:
     """Apply the projection migrations to PostgreSQL (safe to run twice)."""
+    _require("postgres", what="toolledger migrate")
     from projections.postgres import ProjectionError
     from projections.postgres import migrate as apply_migrations
 
@@ -238,7 +290,7 @@ def migrate(postgres: PostgresOption = DEFAULT_POSTGRES) -> None:
     console.print(f"applied {applied}" if applied else "nothing to apply: up to date")
 
 
-@app.command()
+@command()
 def projector(
     kafka: KafkaOption = DEFAULT_KAFKA,
     postgres: PostgresOption = DEFAULT_POSTGRES,
@@ -250,6 +302,7 @@ def projector(
     ] = 2000,
 ) -> None:
     """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
+    _require("kafka", "postgres", what="toolledger projector")
     from schemas.topics import Topics
     from toolledger.distributed import run_projector
 
@@ -257,7 +310,7 @@ def projector(
     asyncio.run(run_projector(kafka, postgres, topics, ready_file=ready_file, batch_max=batch_max))
 
 
-@app.command()
+@command()
 def replay(
     data: Annotated[Path | None, typer.Option("--data", help="Embedded ledger directory.")] = None,
     kafka: KafkaOption = DEFAULT_KAFKA,
@@ -281,6 +334,7 @@ def replay(
         finally:
             log.close()
     else:
+        _require("kafka", "postgres", what="toolledger replay without --data")
         from schemas.topics import Topics
         from toolledger.distributed import ProjectorsRunning, replay_distributed
 
@@ -293,7 +347,16 @@ def replay(
     console.print(f"rebuilt projections from {count} events")
 
 
-@app.command()
+ServePrefixOption = Annotated[
+    str, typer.Option("--prefix", help="Topic name prefix.", rich_help_panel=DISTRIBUTED_PANEL)
+]
+ServePartitionsOption = Annotated[
+    int,
+    typer.Option("--partitions", help="Partitions per topic.", rich_help_panel=DISTRIBUTED_PANEL),
+]
+
+
+@command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8080,
@@ -304,8 +367,8 @@ def serve(
     tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
     kafka: ServeKafkaOption = None,
     postgres: ServePostgresOption = None,
-    prefix: PrefixOption = "toolledger.",
-    partitions: PartitionsOption = 4,
+    prefix: ServePrefixOption = "toolledger.",
+    partitions: ServePartitionsOption = 4,
     jwks: JwksOption = None,
     jwt_issuer: JwtIssuerOption = None,
     jwt_audience: JwtAudienceOption = None,
@@ -384,6 +447,8 @@ def serve(
     if (kafka is None) != (postgres is None):
         console.print("[red]distributed mode needs both --kafka and --postgres[/]")
         raise typer.Exit(2)
+    if kafka is not None:
+        _require("kafka", "postgres", what="toolledger serve --kafka --postgres")
 
     security = options.security(
         token_store,
@@ -427,7 +492,7 @@ def serve(
         raise typer.Exit(2) from None
 
 
-@app.command()
+@command()
 def init(
     data: Annotated[Path, typer.Argument(help="Directory of the new embedded ledger.")],
     partitions: PartitionsOption = 4,
@@ -445,7 +510,7 @@ def init(
     console.print(f"created an empty ledger with {partitions} partitions: {path}")
 
 
-@app.command()
+@command()
 def vacuum(
     data: Annotated[Path, typer.Argument(help="Directory of an embedded ledger not in use.")],
 ) -> None:
@@ -468,7 +533,42 @@ def _existing_ledger(data: Path) -> SqliteLog:
         raise typer.Exit(2) from None
 
 
+def _mcp_needs_its_extras(typer_app: typer.Typer) -> None:
+    """``toolledger mcp`` checks for the MCP SDK (and, in distributed mode, Kafka and
+    PostgreSQL's clients) before it starts: a missing extra is one line, not a traceback."""
+    for info in typer_app.registered_commands:
+        if info.name == "mcp" and info.callback is not None:
+            info.callback = _checking_mcp_extras(info.callback)
+
+
+def _checking_mcp_extras(callback: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(callback)  # the same signature: the same options
+    def mcp(*args: Any, **kwargs: Any) -> Any:
+        _require("mcp", what="toolledger mcp")
+        if kwargs.get("kafka") is not None and kwargs.get("postgres") is not None:
+            _require("kafka", "postgres", what="toolledger mcp --kafka --postgres")
+        return callback(*args, **kwargs)
+
+    return mcp
+
+
+def _whole_short_help(typer_app: typer.Typer) -> None:
+    """The command list shows each command's first paragraph whole, wrapped (click would cut
+    it to one line with '...')."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if info.short_help is None and doc:
+            first = inspect.cleandoc(doc).split("\n\n")[0]
+            info.short_help = " ".join(first.split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _whole_short_help(group.typer_instance)
+
+
 register_mcp_command(app)
+_mcp_needs_its_extras(app)
+register_operator_commands(app)
+_whole_short_help(app)
 
 if __name__ == "__main__":
     app()

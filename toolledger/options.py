@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import RetentionError, parse_retention
@@ -16,12 +18,82 @@ if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a comman
     from producers.http.auth import TokenStore
     from toolledger.serve import Security
 
+JWT_PANEL = "JWT bearer tokens"
+DISTRIBUTED_PANEL = "Distributed mode (Kafka + PostgreSQL)"
+HELPDESK_PANEL = "Helpdesk toolset (the shipped demo tools; only with --tools helpdesk)"
+
+
+class SectionedCommand(TyperCommand):
+    """A command whose plain help lists its options in sections: ``rich_help_panel`` names
+    an option's section ("Options" when it has none), in the order they first appear."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments: list[tuple[str, str]] = []
+        sections: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                panel = getattr(param, "rich_help_panel", None) or "Options"
+                sections.setdefault(panel, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        for title, rows in sections.items():
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+# The optional packages of each extra: commands that need one import it when they run.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "kafka": ("aiokafka",),
+    "postgres": ("psycopg", "psycopg_pool"),
+    "mcp": ("mcp",),
+}
+
+
+class MissingExtra(ConfigError):
+    pass
+
+
+def require(*extras: str, what: str) -> None:
+    """:class:`MissingExtra` naming the ``pip install`` line if a package of ``extras`` is
+    not installed (``what``: the command or mode that needs them)."""
+    missing: dict[str, str] = {}  # extra -> its first module that does not import
+    for extra in extras:
+        for module in EXTRAS[extra]:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                missing[extra] = module
+                break
+    if missing:
+        modules = " and ".join(missing.values())
+        raise MissingExtra(
+            f"{what} needs {modules} (not installed): pip install 'toolledger[{','.join(missing)}]'"
+        )
+
+
 KafkaOption = Annotated[str, typer.Option("--kafka", help="Kafka bootstrap servers.")]
 ServeKafkaOption = Annotated[
-    str | None, typer.Option("--kafka", help="Distributed mode: Kafka bootstrap servers.")
+    str | None,
+    typer.Option(
+        "--kafka",
+        help="Distributed mode: Kafka bootstrap servers (with --postgres).",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 ServePostgresOption = Annotated[
-    str | None, typer.Option("--postgres", help="Distributed mode: PostgreSQL URL.")
+    str | None,
+    typer.Option(
+        "--postgres",
+        help="Distributed mode: PostgreSQL URL (with --kafka).",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 CreateOption = Annotated[
     bool,
@@ -72,25 +144,43 @@ CacheEntriesOption = Annotated[
 PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
 JwksOption = Annotated[
     Path | None,
-    typer.Option(help="JWKS file (JSON): also accept JWT bearer tokens signed by its keys."),
+    typer.Option(
+        help="JWKS file (JSON): also accept JWT bearer tokens signed by its keys.",
+        rich_help_panel=JWT_PANEL,
+    ),
 ]
 JwtIssuerOption = Annotated[
-    str | None, typer.Option(help="The 'iss' JWTs must carry (required with --jwks).")
+    str | None,
+    typer.Option(
+        help="The 'iss' JWTs must carry (required with --jwks).", rich_help_panel=JWT_PANEL
+    ),
 ]
 JwtAudienceOption = Annotated[
     list[str] | None,
-    typer.Option(help="An 'aud' JWTs may carry (required with --jwks; repeatable)."),
+    typer.Option(
+        help="An 'aud' JWTs may carry (required with --jwks; repeatable).",
+        rich_help_panel=JWT_PANEL,
+    ),
 ]
 JwtAlgorithmsOption = Annotated[
-    str, typer.Option(help="Accepted JWT algorithms, comma-separated (asymmetric only).")
+    str,
+    typer.Option(
+        help="Accepted JWT algorithms, comma-separated (asymmetric only).",
+        rich_help_panel=JWT_PANEL,
+    ),
 ]
-JwtTenantClaimOption = Annotated[str, typer.Option(help="The JWT claim that names the tenant.")]
+JwtTenantClaimOption = Annotated[
+    str, typer.Option(help="The JWT claim that names the tenant.", rich_help_panel=JWT_PANEL)
+]
 JwtPrincipalClaimOption = Annotated[
-    str, typer.Option(help="The JWT claim that names the principal.")
+    str, typer.Option(help="The JWT claim that names the principal.", rich_help_panel=JWT_PANEL)
 ]
 JwtScopesClaimOption = Annotated[
     str | None,
-    typer.Option(help="The JWT claim with the scopes (default: 'scope', else 'scopes')."),
+    typer.Option(
+        help="The JWT claim with the scopes (default: 'scope', else 'scopes').",
+        rich_help_panel=JWT_PANEL,
+    ),
 ]
 JWT_ALGORITHMS = "RS256,ES256"
 JWT_TENANT_CLAIM = "tenant_id"
