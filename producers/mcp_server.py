@@ -6,8 +6,15 @@ Built on the ``mcp`` SDK's low-level ``Server`` so the listing is exactly the ma
   changes something (``mutation``, ``long_running``) gets two more string properties: the
   *required* ``idempotency_key`` (1..255 printable ASCII characters, taken verbatim: no
   trimming, no quotes) and the optional ``approval_token`` (the token a human's approval of
-  this exact call gave); its description says what a replay does and, for a tool whose
-  manifest says ``approval: required`` or ``by arguments``, that a human must approve;
+  this exact call gave);
+* output schema (``outputSchema``): the normalised JSON body every call answers (below), its
+  ``result`` the manifest's ``result_schema`` (the tool's result model); an object schema
+  that error bodies match as well. Every result carries that body in ``structuredContent``
+  and, serialised, in its one text block;
+* description: the manifest's, which states the replay behaviour once, on its ``Replay:``
+  line (the MCP layer adds that line only to a description without one, and does not
+  restate it); then how long a key is kept and, for a tool whose manifest says
+  ``approval: required`` or ``by arguments``, that a human must approve;
 * annotations from the manifest: ``readOnlyHint`` (effect ``read_only``),
   ``destructiveHint`` (a mutation of risk ``high`` or ``irreversible``), ``idempotentHint``
   (true for keyed tools: the key is one of the arguments, and the same arguments, key
@@ -22,6 +29,31 @@ rest are the tool's arguments (so neither is part of the args digest). Optional 
 ``toolledger.dev/approval_token`` (set by the client application, not by the model) are
 passed through for the audit trail and approvals; an ``approval_token`` argument wins over
 the ``_meta`` one.
+
+Request idempotency (SEP-3182, the MCP "Request Idempotency" proposal): the server
+advertises ``capabilities.tools.idempotency`` (``{}``) in its ``initialize`` and
+``server/discover`` answers and accepts the key as ``idempotencyKey`` in the ``tools/call``
+params -- set by a client application, which may not be able to touch the arguments -- as
+well as the ``idempotency_key`` argument (a model's). The ledger treats both alike: same
+tenant, tool, key and arguments, one execution; a retry is answered with the stored
+outcome, a success or an error. With ``idempotencyKey``:
+
+* a key that is not 1 to 255 printable ASCII characters is the JSON-RPC error ``-32602``
+  (Invalid params), and so is an ``idempotency_key`` argument that differs from it (the
+  same key in both is fine; the parameter is then the key);
+* a call whose key's execution is still running when the server's wait ends (the ledger's
+  ``IDEMPOTENCY_KEY_IN_USE``) is the JSON-RPC error ``-31409`` with ``error.data``
+  ``{"type": "idempotency_key_in_progress", "idempotencyKey": <key>}``; the key with other
+  arguments (``IDEMPOTENCY_KEY_REUSED``) is ``-32602`` with ``error.data`` ``{"type":
+  "idempotency_key_conflict", "idempotencyKey": <key>}``. Every other answer is a result as
+  below. With the ``idempotency_key`` argument only, these two stay error results the model
+  reads (``IDEMPOTENCY_KEY_IN_USE``, ``IDEMPOTENCY_KEY_REUSED``);
+* a read-only tool takes ``idempotencyKey`` (checked, then ignored): a read has no effect to
+  deduplicate and runs every time.
+
+A duplicate still running is not answered at once, as the proposal suggests (SHOULD): the
+call waits for the first execution's outcome for at most the server's wait (``--wait``),
+and only then answers that it is in progress.
 
 Approvals: a call of a tool that needs a human's approval, made without a valid token, is
 answered ``APPROVAL_REQUIRED`` (nothing runs, the key is not consumed). Its ``isError``
@@ -48,6 +80,8 @@ Errors, per the MCP specification ("Tools" > "Error handling"):
   in the listing the client got, nothing was attempted, and there is no tool whose result
   could carry the error. The ledger is not asked (no ``TOOL_NOT_FOUND`` event is recorded);
   a request that is not a valid ``tools/call`` is rejected by the SDK in the same way.
+  So are the ``idempotencyKey`` errors above: the client application set that key, and
+  SEP-3182 asks for them in ``error.data``.
 
 Tenant and principal come from the session's authentication, never from arguments (an
 argument named ``tenant_id`` is just an unknown argument: ``VALIDATION_FAILED``):
@@ -68,6 +102,7 @@ argument named ``tenant_id`` is just an unknown argument: ``VALIDATION_FAILED``)
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -76,7 +111,7 @@ from typing import Any
 import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -97,16 +132,17 @@ from producers.adapters import (
     index_tools,
     refusal,
 )
-from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
 from producers.http.auth import Authenticator, AuthFailure
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import ApprovalRequested
-from schemas.keys import MAX_KEY_LENGTH
+from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
 
 log = logging.getLogger("toolledger.mcp")
 
 KEY_ARGUMENT = "idempotency_key"
+PARAMS_KEY = "idempotencyKey"  # SEP-3182: the key in the tools/call params
 APPROVAL_ARGUMENT = "approval_token"
 RESERVED_ARGUMENTS = (KEY_ARGUMENT, APPROVAL_ARGUMENT)
 MAX_APPROVAL_TOKEN = 4096  # as the HTTP API's body
@@ -114,6 +150,18 @@ RUN_ID_META = "toolledger.dev/run_id"
 STEP_ID_META = "toolledger.dev/step_id"
 APPROVAL_META = "toolledger.dev/approval_token"
 DEFAULT_PATH = "/mcp"
+
+# SEP-3182 ("Request Idempotency"): the capability, under ``capabilities.tools``, and the
+# ``error.data`` types of a duplicate still running and of a key used with other arguments
+IDEMPOTENCY_CAPABILITY = "idempotency"
+KEY_IN_PROGRESS = "idempotency_key_in_progress"
+KEY_CONFLICT = "idempotency_key_conflict"
+# The SEP defines no error code. A conflict is the caller's mistake in the params: Invalid
+# params. A duplicate still running is no mistake (the same request succeeds later): an
+# application-defined code, outside JSON-RPC's reserved range as the MCP specification asks
+# of codes it does not define (409: the HTTP status of this case in the IETF
+# Idempotency-Key draft, in Stripe's API and in this ledger's HTTP API).
+KEY_IN_PROGRESS_CODE = -31409
 
 _KEY_DESCRIPTION = (
     "Names this intended action, not this attempt: derive it from your run and step "
@@ -185,24 +233,34 @@ _APPROVAL_NOTES = {
     "their exact arguments.",
 }
 
+REPLAY_LINE = "Replay:"
+_KEYED_REPLAY = (
+    "Calling again with the same idempotency key and arguments returns the stored outcome "
+    "without running it again; the same key with other arguments is refused."
+)
+_READ_ONLY_REPLAY = "Read-only: takes no idempotency key and is never replayed."
+
+
+def _states_replay(text: str) -> bool:
+    return any(line.startswith(REPLAY_LINE) for line in text.splitlines())
+
 
 def mcp_description(spec: ToolSpec) -> str:
+    """The manifest's description, which states the replay behaviour on its ``Replay:`` line
+    (one is added when it has none), plus what the manifest's text does not say: how long a
+    key is kept and whether a human must approve. The replay behaviour is stated once."""
     text = description(spec)
+    if not _states_replay(text):
+        text += f"\n{REPLAY_LINE} {_KEYED_REPLAY if spec.keyed else _READ_ONLY_REPLAY}"
     if not spec.keyed:
-        return f"{text}\nRead-only: takes no idempotency_key and is never replayed."
-    text += (
-        "\nIdempotency: pass idempotency_key (required). The same key with the same "
-        "arguments returns the stored outcome of the first call and does not run the tool "
-        "again, also while it is still running; the same key with other arguments is "
-        "refused with IDEMPOTENCY_KEY_REUSED. Use a new key only for a new action."
-    )
+        return text
     retention = spec.manifest.get("key_retention")
     if retention == "forever":
-        text += " Keys are kept forever."
+        text += "\nKeys: kept forever."
     elif isinstance(retention, str):
         text += (
-            f" A finished call's key is kept for {retention} (ISO 8601) after its outcome; "
-            "after that the same key runs as a new call."
+            f"\nKeys: a finished call's key is kept for {retention} (ISO 8601) after its "
+            "outcome; after that the same key runs as a new call."
         )
     note = _APPROVAL_NOTES.get(str(spec.manifest.get("approval")))
     if note is not None:
@@ -227,6 +285,69 @@ def mcp_annotations(spec: ToolSpec) -> types.ToolAnnotations:
     )
 
 
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string"},
+        "message": {"type": "string"},
+        "retryable": {"type": "boolean"},
+        "suggested_action": {"type": "string"},
+        "field_errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "string"},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+                "required": ["loc", "msg", "type"],
+            },
+        },
+    },
+    "required": ["code", "message", "retryable", "suggested_action"],
+}
+
+
+def mcp_output_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The JSON Schema of every ``structuredContent`` a call of this tool answers: the
+    normalised body of :meth:`CallResult.to_json` (plus ``approval_request`` on an
+    ``APPROVAL_REQUIRED`` answer), its ``result`` the manifest's ``result_schema`` (the
+    tool's result model). An object schema whose ``oneOf`` tells a success (``ok`` true,
+    ``status`` ``SUCCEEDED``, a ``result``) from a failure (``ok`` false, an ``error``), so
+    error results conform too. The result model's ``$defs`` move to the root, where its
+    references (``#/$defs/...``) resolve."""
+    manifest_schema = spec.manifest.get("result_schema")
+    result: dict[str, Any] = (
+        copy.deepcopy(dict(manifest_schema)) if isinstance(manifest_schema, Mapping) else {}
+    )
+    defs = result.pop("$defs", None)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "status": {"type": ["string", "null"]},
+            "result": result,
+            "error": _ERROR_SCHEMA,
+            "replayed": {"type": "boolean"},
+            "attempts": {"type": "integer", "minimum": 0},
+            "call_id": {"type": "string"},
+            "approval_request": {"type": "object"},
+        },
+        "required": ["ok", "status", "replayed", "attempts", "call_id"],
+        "oneOf": [
+            {
+                "properties": {"ok": {"const": True}, "status": {"const": "SUCCEEDED"}},
+                "required": ["result"],
+            },
+            {"properties": {"ok": {"const": False}}, "required": ["error"]},
+        ],
+    }
+    if isinstance(defs, Mapping) and defs:
+        schema["$defs"] = dict(defs)
+    return schema
+
+
 def mcp_tool(spec: ToolSpec) -> types.Tool:
     manifest = spec.manifest
     meta = {
@@ -238,6 +359,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
         name=spec.name,
         description=mcp_description(spec),
         input_schema=mcp_input_schema(spec),
+        output_schema=mcp_output_schema(spec),
         annotations=mcp_annotations(spec),
         meta=meta or None,
     )
@@ -385,8 +507,66 @@ def _invalid_approval_token(message: str, kind: str) -> CallResult:
     )
 
 
+def request_idempotency_key(params: Mapping[str, Any] | None) -> str | None:
+    """The ``idempotencyKey`` of a ``tools/call``'s wire params (SEP-3182); ``None`` when it
+    is absent or ``null``. A key that is not 1 to 255 printable ASCII characters is the
+    protocol's Invalid params (``-32602``): the client application set it, not the model."""
+    raw = None if params is None else params.get(PARAMS_KEY)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise MCPError(types.INVALID_PARAMS, f"{PARAMS_KEY} must be a string.")
+    try:
+        return check_idempotency_key(raw)
+    except InvalidIdempotencyKey as exc:
+        raise MCPError(
+            types.INVALID_PARAMS,
+            f"{PARAMS_KEY} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters: {exc}.",
+        ) from None
+
+
+def raise_idempotency_error(result: CallResult, key: str) -> None:
+    """For a call keyed by ``idempotencyKey``: raise the JSON-RPC error SEP-3182 asks for
+    when the ledger answered that the key's call is still running (``IDEMPOTENCY_KEY_IN_USE``)
+    or that the key was used with other arguments (``IDEMPOTENCY_KEY_REUSED``), with
+    ``error.data`` ``{"type": ..., "idempotencyKey": key}``. Any other answer is a result."""
+    code = None if result.error is None else result.error.code
+    if code == ErrorCode.IDEMPOTENCY_KEY_IN_USE:
+        raise MCPError(
+            KEY_IN_PROGRESS_CODE,
+            "A request with this idempotencyKey is still in progress: retry later with the "
+            "same key and arguments.",
+            {"type": KEY_IN_PROGRESS, PARAMS_KEY: key},
+        )
+    if code == ErrorCode.IDEMPOTENCY_KEY_REUSED:
+        raise MCPError(
+            types.INVALID_PARAMS,
+            "This idempotencyKey was used with other arguments: use a new key for a new action.",
+            {"type": KEY_CONFLICT, PARAMS_KEY: key},
+        )
+
+
+async def advertise_idempotency(
+    ctx: ServerRequestContext[Any, Any], call_next: CallNext
+) -> HandlerResult:
+    """Server middleware adding SEP-3182's ``tools.idempotency`` (``{}``) to the capabilities
+    of ``initialize`` and ``server/discover`` answers. The SDK's result models know no such
+    field and drop it, so it goes into the wire form, which the middleware receives."""
+    result = await call_next(ctx)
+    if ctx.method not in ("initialize", "server/discover") or not isinstance(result, dict):
+        return result
+    capabilities = result.get("capabilities")
+    if not isinstance(capabilities, dict) or not isinstance(capabilities.get("tools"), dict):
+        return result
+    tools = {**capabilities["tools"], IDEMPOTENCY_CAPABILITY: {}}
+    return {**result, "capabilities": {**capabilities, "tools": tools}}
+
+
 # the front door's refusals before anything is appended (rate limit, kill switch, run budget)
 Admission = Callable[[TrustedContext, str, str | None, str | None], Awaitable[ErrorInfo | None]]
+# for a keyed call (context, tool, the tool's arguments): the probe that tells the ledger
+# client whether another call with the same key and arguments runs (see LedgerClient.call)
+QueuedFor = Callable[[TrustedContext, str, Mapping[str, Any]], QueuedProbe]
 
 
 class LedgerMcpServer:
@@ -394,7 +574,10 @@ class LedgerMcpServer:
 
     ``fixed_context`` is the trusted context of a transport without per-request
     authentication (stdio, in-process); streamable HTTP ignores it and authenticates every
-    request (:meth:`http_app`).
+    request (:meth:`http_app`). ``queued`` (the wiring gives one that reads the ledger's
+    projection) lets a duplicate queued behind a running call with the same key and
+    arguments be answered "in progress" once ``wait_s`` has run out, instead of waiting on
+    for the running call's outcome.
     """
 
     def __init__(
@@ -405,6 +588,7 @@ class LedgerMcpServer:
         fixed_context: TrustedContext | None = None,
         wait_s: float | None = None,
         admit: Admission | None = None,
+        queued: QueuedFor | None = None,
         name: str = "toolledger",
         version: str = "0.1.0",
     ) -> None:
@@ -413,6 +597,7 @@ class LedgerMcpServer:
         self.fixed_context = fixed_context
         self.wait_s = wait_s
         self.admit = admit
+        self.queued = queued
         self.listing = [mcp_tool(spec) for spec in self.tools.values()]
         self._schemas = {tool.name: tool.input_schema for tool in self.listing}
         self.server: Server[Any] = Server(
@@ -423,6 +608,7 @@ class LedgerMcpServer:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
+        self.server.middleware.append(advertise_idempotency)
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -435,6 +621,17 @@ class LedgerMcpServer:
         spec = self.tools.get(params.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+        arguments = dict(params.arguments or {})
+        # the SDK's params model drops fields it does not know: read the wire params
+        params_key = request_idempotency_key(ctx.params)
+        if params_key is not None and spec.keyed:
+            argument_key = arguments.get(KEY_ARGUMENT)
+            if argument_key is not None and argument_key != params_key:
+                raise MCPError(
+                    types.INVALID_PARAMS,
+                    f"The {PARAMS_KEY} parameter and the {KEY_ARGUMENT} argument differ: send "
+                    "one of them, or the same key in both.",
+                )
         context = session_context(ctx, self.fixed_context)
         if context is None:
             return _tool_result(
@@ -444,16 +641,19 @@ class LedgerMcpServer:
         try:
             result = await self.call(
                 spec,
-                dict(params.arguments or {}),
+                arguments,
                 context,
                 run_id=_meta_string(meta, RUN_ID_META, 255),
                 step_id=_meta_string(meta, STEP_ID_META, 255),
                 approval_token=_meta_string(meta, APPROVAL_META, 4096),
+                idempotency_key=params_key if spec.keyed else None,
             )
         except Exception:
             # never a stack trace or a driver message to the caller; the same key is safe
             log.exception("mcp call failed", extra={"tool": spec.name})
             result = refusal(ErrorCode.INTERNAL, "The ledger could not answer this call.")
+        if params_key is not None and spec.keyed:
+            raise_idempotency_error(result, params_key)
         return _tool_result(result)
 
     async def call(
@@ -465,14 +665,19 @@ class LedgerMcpServer:
         run_id: str | None = None,
         step_id: str | None = None,
         approval_token: str | None = None,
+        idempotency_key: str | None = None,
     ) -> CallResult:
         """Take the key and the approval token out of ``arguments`` and run the call
         through the ledger. An ``approval_token`` argument (``null``: absent) wins over the
-        ``approval_token`` parameter (the request's ``_meta`` entry)."""
+        ``approval_token`` parameter (the request's ``_meta`` entry). ``idempotency_key``
+        (the request's ``idempotencyKey``, checked by the caller to be the argument's key
+        when both are given) is the key when given; the argument's otherwise."""
         key: str | None = None
         if spec.keyed:
             raw_key = arguments.pop(KEY_ARGUMENT, None)
             raw_token = arguments.pop(APPROVAL_ARGUMENT, None)
+            if idempotency_key is not None:
+                raw_key = idempotency_key
             if raw_key is None:
                 return refusal(
                     ErrorCode.IDEMPOTENCY_KEY_MISSING,
@@ -498,6 +703,9 @@ class LedgerMcpServer:
             refused = await self.admit(context, spec.name, key, run_id)
             if refused is not None:
                 return CallResult(status=None, error=refused)
+        queued = None
+        if key is not None and self.queued is not None:
+            queued = self.queued(context, spec.name, arguments)
         return await self.client.call(
             spec.name,
             arguments,
@@ -507,6 +715,7 @@ class LedgerMcpServer:
             run_id=run_id,
             step_id=step_id,
             approval_token=approval_token,
+            queued=queued,
         )
 
     async def run_stdio(self) -> None:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -57,7 +58,7 @@ from toolledger.options import (
 
 if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
     from processors.tools.registry import ToolRegistry
-    from producers.client import TrustedContext
+    from producers.client import QueuedProbe, TrustedContext
     from producers.http.app import FrontDoor
     from producers.http.auth import Authenticator, TokenStore
     from producers.mcp_server import LedgerMcpServer
@@ -103,7 +104,44 @@ def mcp_server(
         fixed_context=fixed_context,
         wait_s=wait_s,
         admit=admission(door),
+        queued=queued_probes(door),
     )
+
+
+def queued_probes(
+    door: FrontDoor,
+) -> Callable[[TrustedContext, str, Mapping[str, Any]], QueuedProbe]:
+    """For a keyed MCP call: whether another intent holds its key with the same arguments and
+    is still running, read from ``door``'s projection, as the HTTP API asks (DESIGN section
+    11). The ledger client asks only once the call's wait has run out; then the call is
+    answered ``IDEMPOTENCY_KEY_IN_USE`` (over MCP with ``idempotencyKey``: SEP-3182's
+    ``idempotency_key_in_progress``) instead of waiting on for the running call's outcome.
+    Arguments that differ from the key's first ones are never "in use": the executor refuses
+    them at once."""
+    from schemas.status import CallStatus
+
+    def probe(context: TrustedContext, tool: str, arguments: Mapping[str, Any]) -> QueuedProbe:
+        info = door.tools.get(tool)
+        digests: list[str | None] = []
+
+        async def queued(call_id: str, intent_id: str) -> bool:
+            if info is None:
+                return False
+            if not digests:  # computed once, and only when a wait has run out
+                digests.append(info.digest(dict(arguments)))
+            if digests[0] is None:
+                return False
+            view = await door.queries.get(context.tenant_id, call_id)
+            return (
+                view is not None
+                and view.status is CallStatus.PENDING
+                and view.last_intent_id != intent_id
+                and view.args_digest == digests[0]
+            )
+
+        return queued
+
+    return probe
 
 
 async def run_stdio(door: FrontDoor, context: TrustedContext, *, wait_s: float | None) -> None:
