@@ -3,8 +3,8 @@
     parse and validate -> authorise -> idempotency decision (pure core) -> execute with a
     timeout -> normalise the result or error -> append the outcome
 
-A runtime supplies a :class:`CallPort` per intent: the current state of call keys and a
-``commit`` that makes events durable (and fenced) before it returns.
+A runtime supplies a :class:`~processors.ports.CallPort` per intent: the current state of
+call keys and a ``commit`` that makes events durable (and fenced) before it returns.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import hashlib
 import json
 import logging
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,7 +27,6 @@ from processors.ledger import (
     AttemptFinished,
     AttemptOutcome,
     CallContext,
-    CallState,
     ChangeSwitch,
     DecideApproval,
     Decision,
@@ -46,16 +44,12 @@ from processors.ledger import (
     Sweep,
     TimedOut,
 )
-from processors.ledger.governance import (
-    ApprovalBook,
-    Switch,
-    SwitchEvent,
-    disabled_error,
-)
-from processors.telemetry import set_call_attributes, stage
+from processors.ledger.governance import SwitchEvent
+from processors.ports import CallPort, Clock, SystemClock
 from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
+from processors.tracing import set_call_attributes, stage
 from schemas.calls import ANY
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
@@ -70,6 +64,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
+from schemas.governance import disabled_error
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
@@ -77,40 +72,6 @@ log = logging.getLogger("toolledger.executor")
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 DEFAULT_MAX_RESULT_BYTES = 512 << 10  # well under Kafka's default 1 MiB record limit
 DEFAULT_APPROVAL_REQUEST_TTL = timedelta(hours=24)
-
-
-class CallPort(Protocol):
-    """What the stages need from a runtime, for the call keys of one partition."""
-
-    epoch: int
-
-    def state(self, call_key: str) -> CallState | None: ...
-
-    def approvals(self, call_key: str) -> ApprovalBook | None: ...
-
-    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
-        """The kill switch that keeps ``tool`` off for ``tenant_id``, if one is in force."""
-
-    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
-        """Durably append ``events`` (and the states they lead to) or raise.
-
-        ``final`` marks the last commit for the current input record, so its position may
-        be committed with it.
-        """
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-    def monotonic(self) -> float: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    def monotonic(self) -> float:
-        return time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,9 +288,10 @@ class Stages:
         the audit trail as it is. A rejection changes no call state: the key stays unused."""
         env = refusal.envelope
         with tracing.traced_run("door_refusal", port, env) as run:
-            consistent = env.call_key == str(
-                CallKey(env.tenant_id, env.tool, env.idempotency_key)
-            ) and env.event_id == f"{env.intent_id}/rejected/1"
+            consistent = (
+                env.call_key == str(CallKey(env.tenant_id, env.tool, env.idempotency_key))
+                and env.event_id == f"{env.intent_id}/rejected/1"
+            )
             if not consistent:  # never recorded under another call's key
                 log.warning("a front-door refusal with a foreign call key was dropped")
             await run.commit([refusal] if consistent else [], final=True)

@@ -1,13 +1,33 @@
-"""Tracing of the executor stages: a span per stage and, on the span of a whole run, the
-outcome of the last event it committed. Spans never carry arguments, results or principals."""
+"""Tracing of the executor: OpenTelemetry spans for its stages and runs.
+
+Each stage of a call (admit, decide, execute, reconcile, commit, read_only) runs inside
+``stage(...)``, a span named ``toolledger.<stage>`` that carries the call's identifying
+attributes (tenant, tool, version, idempotency key, call id, intent and run ids) and, once
+known, its outcome (status, attempts, downstream request id, error code). A whole run (an
+intent, a decision, a switch, a sweep, an expiry) is one span (``traced_run``) around its
+stages, which records the outcome of the last event the run committed.
+
+Spans never carry tool arguments, results or the principal, and a failing stage records only
+the exception's type and frames, never its message (a validation error's message quotes the
+arguments it rejected).
+
+Only ``opentelemetry-api`` is imported here: without an SDK configured every span is a
+non-recording no-op. ``configure_tracing`` (the app's wiring) imports the SDK when called.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
+import time
+import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from opentelemetry.trace import Span
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from processors.ledger import (
     AttemptOutcome,
@@ -24,7 +44,7 @@ from processors.ledger import (
     decide,
 )
 from processors.ledger.governance import ApprovalBook, Switch
-from processors.telemetry import record_outcome, stage, tracing_enabled
+from processors.ports import CallPort
 from schemas.errors import ErrorCode
 from schemas.events import (
     ApprovalRequested,
@@ -40,9 +60,275 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
+from schemas.keys import call_id_for
 
 if TYPE_CHECKING:
-    from processors.pipeline import CallPort
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+__all__ = [
+    "TRACER_NAME",
+    "Outcome",
+    "TracedPort",
+    "attempt_outcome",
+    "call_attributes",
+    "configure_tracing",
+    "envelope_attributes",
+    "event_outcome",
+    "reconcile_outcome",
+    "record",
+    "record_outcome",
+    "set_call_attributes",
+    "stage",
+    "traced_decide",
+    "traced_run",
+    "tracing_enabled",
+    "use_tracer_provider",
+]
+
+TRACER_NAME = "toolledger"
+"""The instrumentation scope name of every span this module starts."""
+
+_PREFIX = "toolledger."
+SPANS_FILE_ENV = "TOOLLEDGER_SPANS_FILE"
+
+# The OTLP span exporter module of each OTEL_EXPORTER_OTLP_PROTOCOL value.
+_OTLP_MODULES = {
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+}
+
+_provider: trace.TracerProvider | None = None  # None: the global provider
+_cached_tracer: Tracer | None = None
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Make ``stage`` use ``provider`` instead of the global one (None restores the global)."""
+    global _provider, _cached_tracer
+    _provider = provider
+    _cached_tracer = None
+
+
+def _tracer() -> Tracer:
+    """The tracer ``stage`` starts spans with: from ``use_tracer_provider``'s, else the global."""
+    global _cached_tracer
+    if _cached_tracer is None:
+        if _provider is None:
+            # A proxy until a global SDK provider is set, then it delegates to that one.
+            _cached_tracer = trace.get_tracer(TRACER_NAME)
+        else:
+            _cached_tracer = _provider.get_tracer(TRACER_NAME)
+    return _cached_tracer
+
+
+def call_attributes(ctx: CallContext) -> dict[str, str]:
+    """The span attributes identifying a call: never its arguments, never its principal."""
+    attributes = {
+        "toolledger.tenant": ctx.tenant_id,
+        "toolledger.tool": ctx.tool,
+        "toolledger.tool_version": ctx.tool_version,
+        "toolledger.idempotency_key": ctx.idempotency_key,
+        "toolledger.call_id": call_id_for(ctx.call_key, ctx.idempotency_key, ctx.intent_id),
+        "toolledger.intent_id": ctx.intent_id,
+    }
+    if ctx.run_id is not None:
+        attributes["toolledger.run_id"] = ctx.run_id
+    return attributes
+
+
+class _Untraced:
+    """What ``stage`` returns while no tracer provider is configured: a reusable no-op, so
+    the executor's hot path pays one check per stage instead of a no-op span's context
+    switches."""
+
+    def __enter__(self) -> Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNTRACED = _Untraced()
+
+
+_global_set = False  # a global SDK provider was seen (it can never be replaced or removed)
+_next_check = 0.0
+
+
+def tracing_enabled() -> bool:
+    """Whether spans go anywhere: a provider given to ``use_tracer_provider``, or a global
+    one that is not the API's proxy or no-op default (looked for at most once a second: the
+    lookup reads the environment)."""
+    global _global_set, _next_check
+    if _provider is not None or _global_set:
+        return True
+    now = time.monotonic()
+    if now < _next_check:
+        return False
+    _next_check = now + 1.0
+    _global_set = not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+    return _global_set
+
+
+def stage(
+    name: str, ctx: CallContext | None = None, **attributes: str | int | bool | None
+) -> AbstractContextManager[Span]:
+    """Run the block in a child span ``toolledger.<name>`` carrying the call's attributes.
+
+    Extra attributes are namespaced ``toolledger.<key>`` (unless the key already has a dot);
+    None values are skipped. If the block raises, the span records the exception's type and
+    frames (not its message), gets an error status, and the exception propagates.
+    """
+    if not tracing_enabled():
+        return _UNTRACED
+    return _stage(name, ctx, attributes)
+
+
+@contextmanager
+def _stage(
+    name: str, ctx: CallContext | None, attributes: dict[str, str | int | bool | None]
+) -> Iterator[Span]:
+    with _tracer().start_as_current_span(
+        _PREFIX + name, record_exception=False, set_status_on_exception=False
+    ) as span:
+        if span.is_recording():
+            if ctx is not None:
+                set_call_attributes(span, ctx)
+            for key, value in attributes.items():
+                if value is not None:
+                    span.set_attribute(key if "." in key else _PREFIX + key, value)
+        try:
+            yield span
+        except BaseException as exc:
+            if span.is_recording():
+                _record_exception(span, exc)
+            raise
+
+
+def set_call_attributes(span: Span, ctx: CallContext) -> None:
+    """Add a call's attributes to a span (one started before the call's context was known)."""
+    if span.is_recording():
+        span.set_attributes(call_attributes(ctx))
+
+
+def _record_exception(span: Span, exc: BaseException) -> None:
+    """An ``exception`` event with the type and frames only, and an error status."""
+    module, qualname = type(exc).__module__, type(exc).__qualname__
+    type_name = qualname if module == "builtins" else f"{module}.{qualname}"
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": type_name,
+            "exception.stacktrace": f"Traceback (most recent call last):\n{frames}{type_name}",
+            "exception.escaped": True,
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, type_name))
+
+
+def record_outcome(
+    span: Span,
+    *,
+    status: str | None,
+    attempts: int | None,
+    downstream_request_id: str | None = None,
+    error_code: str | None = None,
+) -> None:
+    """Set a stage span's outcome attributes (``toolledger.status`` etc.); None ones are skipped."""
+    if not span.is_recording():
+        return
+    outcome: dict[str, str | int | None] = {
+        "toolledger.status": status,
+        "toolledger.attempts": attempts,
+        "toolledger.downstream_request_id": downstream_request_id,
+        "toolledger.error_code": error_code,
+    }
+    for key, value in outcome.items():
+        if value is not None:
+            span.set_attribute(key, value)
+
+
+def configure_tracing(
+    exporter: SpanExporter | None,
+    *,
+    service_name: str = "toolledger",
+    simple: bool = False,
+) -> SdkTracerProvider:
+    """Build an SDK tracer provider exporting to ``exporter``, set it globally and return it
+    (not set when there is no exporter: spans would go nowhere, and stages stay free).
+
+    ``simple=True`` exports each span synchronously (tests); otherwise spans are batched.
+    Without an exporter, spans are appended as JSON lines to the file named by
+    ``TOOLLEDGER_SPANS_FILE`` if set (audits, tests); else OTLP is used when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces variant) is set and an OTLP exporter
+    package is installed; else nothing is installed and nothing is printed.
+    ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` take precedence over
+    ``service_name``. The global provider
+    can be set only once per process: later calls still return a new provider but the
+    global one stays the first.
+    """
+    from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    resource = Resource.create({SERVICE_NAME: service_name}).merge(OTELResourceDetector().detect())
+    provider = SdkTracerProvider(resource=resource)
+    if exporter is None and os.environ.get(SPANS_FILE_ENV):
+        exporter, simple = _file_exporter(Path(os.environ[SPANS_FILE_ENV])), True
+    if exporter is None:
+        exporter = _otlp_exporter_from_env()
+    if exporter is None:
+        return provider  # nowhere to send spans: not installed, so stages stay free
+    processor = SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    trace.set_tracer_provider(provider)
+    global _next_check
+    _next_check = 0.0  # seen by tracing_enabled() at once
+    return provider
+
+
+def _file_exporter(path: Path) -> SpanExporter:
+    """Finished spans as JSON lines appended to ``path``."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    out = path.open("a", encoding="utf-8")  # held for the process's lifetime
+    return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+
+
+def _otlp_exporter_from_env() -> SpanExporter | None:
+    """An OTLP span exporter configured by the environment, if asked for and installed."""
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    if not (
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        return None
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or ""
+    ).strip()
+    if protocol:  # asked for: that one only (the other speaks to another port)
+        candidates = [_OTLP_MODULES[protocol]] if protocol in _OTLP_MODULES else []
+    else:  # the spec's default first, then whichever is installed
+        candidates = [_OTLP_MODULES["http/protobuf"], _OTLP_MODULES["grpc"]]
+    for module_name in candidates:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        exporter_class: object = getattr(module, "OTLPSpanExporter", None)
+        if isinstance(exporter_class, type) and issubclass(exporter_class, SpanExporter):
+            # The exporter reads its endpoint, headers and timeout from the environment.
+            return exporter_class()
+    return None
+
+
+# -- runs: a span around a whole run of the stages, with the outcome it committed --------------
 
 
 class Outcome(NamedTuple):

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from processors.ledger.governance import token_digest
 from producers.outcomes import OutcomeHub, Waiter
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
@@ -34,6 +33,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
+from schemas.governance import token_digest
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 from schemas.status import CallStatus
 
@@ -72,6 +72,24 @@ class Transport(Protocol):
 
     async def broadcast(self, record: Event) -> None:
         """Durably append ``record`` to every partition of the log."""
+
+
+class Caller(Protocol):
+    """What calls tools: :class:`LedgerClient` (embedded or Kafka), the HTTP transport, and
+    ``toolledger.Ledger`` over any of the three. The agent adapters take any of them."""
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        idempotency_key: str | None,
+        context: TrustedContext,
+        wait: float | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        approval_token: str | None = None,
+    ) -> CallResult: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from processors.ledger.governance import token_digest
 from schemas.calls import ANY, IMPACT_FIELDS
 from schemas.events import (
     ApprovalDenied,
@@ -24,6 +23,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
+from schemas.governance import token_digest
 from schemas.keys import CallKey
 
 DEFAULT_TOKEN_TTL = timedelta(minutes=10)

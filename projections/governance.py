@@ -7,7 +7,8 @@ database defines three *fact* views in its own dialect (JSON and time extraction
 ``approval_events``, ``switch_changes`` and ``call_event_facts``; the views on top of them
 are written once, here (:func:`portable_views`), and are the same text in both databases
 (``projections/migrations/0002_governance.sql`` holds them for PostgreSQL; a test keeps the
-two equal). The queries below read those views with the adapter's placeholder.
+two equal). The queries below read those views, written once over the adapter's
+:class:`~projections.dialect.Dialect`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from projections.dialect import Dialect, Query, aware
 from schemas.calls import (
     APPROVAL_STATUSES,
     STAT_COUNTS,
@@ -64,29 +66,7 @@ def portable_views(now: str) -> str:
     return PORTABLE_VIEWS_SQL.replace("{now}", now)
 
 
-# ---------------------------------------------------------------------------- the dialects
-
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    mark: str  # the driver's placeholder
-    collate: str  # appended to text comparisons and orderings: code point order everywhere
-    time: Callable[[datetime], Any]  # a time parameter as the views' time columns hold it
-
-
-def _aware(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("naive datetime: give the read side timezone-aware times")
-    return value.astimezone(UTC)
-
-
-def sqlite_time(value: datetime) -> str:
-    """The SQLite views' time text: ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC."""
-    return _aware(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-SQLITE = Dialect("?", "", sqlite_time)
-POSTGRES = Dialect("%s", ' COLLATE "C"', _aware)
+# ---------------------------------------------------------------------------- reading times
 
 
 def _time(value: Any) -> datetime | None:
@@ -96,7 +76,7 @@ def _time(value: Any) -> datetime | None:
         value = datetime.fromisoformat(value)
     if not isinstance(value, datetime):
         raise TypeError(f"not a time: {value!r}")
-    return _aware(value)
+    return aware(value)
 
 
 # ------------------------------------------------------------------------------ approvals
@@ -290,9 +270,6 @@ def run_usage_of(rows: Sequence[Mapping[str, Any]]) -> RunUsage:
         repeats=int(row["repeats"] or 0),
         fingerprint=row["fingerprint"],
     )
-
-
-Query = tuple[str, Sequence[Any]]
 
 
 class GovernanceReads(ABC):

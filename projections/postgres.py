@@ -1,4 +1,4 @@
-"""PostgreSQL projections for the Kafka path (DESIGN section 6).
+"""PostgreSQL projections for the Kafka path (docs/architecture.md#projections).
 
 The tables are made by the versioned SQL files in ``projections/migrations`` (see
 :func:`migrate`). :class:`PostgresProjection` folds outcome events into them with the same
@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from processors.ledger import CallState
 from projections import governance, search
+from projections.dialect import POSTGRES, Query
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
@@ -41,11 +42,6 @@ from projections.rows import (
     event_row,
     expiries,
     fold_new_events,
-)
-from schemas.calls import (
-    CallFilter,
-    CallView,
-    Page,
 )
 from schemas.events import Event
 
@@ -560,23 +556,24 @@ class PostgresProjection:
             return await cur.fetchall()
 
 
-class PostgresCalls(governance.GovernanceReads):
+class PostgresCalls(search.CallReads, governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the PostgreSQL projection."""
 
-    dialect = governance.POSTGRES
+    dialect = POSTGRES
 
     def __init__(self, projection: PostgresProjection) -> None:
         self._projection = projection
 
-    async def _fetch(self, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async def _fetch(self, query: Query) -> list[dict[str, Any]]:
+        sql_text, params = query
         async with (
             self._projection._transaction("read calls") as conn,
             conn.cursor(row_factory=dict_row) as cur,
         ):
-            await cur.execute(query.encode(), params)
+            await cur.execute(sql_text.encode(), params)
             return await cur.fetchall()
 
-    async def _read(self, *queries: governance.Query) -> list[list[dict[str, Any]]]:
+    async def _read(self, *queries: Query) -> list[list[dict[str, Any]]]:
         """Several reads in one transaction: one snapshot of the projection."""
         async with (
             self._projection._transaction("read calls") as conn,
@@ -587,23 +584,6 @@ class PostgresCalls(governance.GovernanceReads):
                 await cur.execute(query.encode(), params)
                 results.append(await cur.fetchall())
             return results
-
-    async def get(self, tenant_id: str, call_id: str) -> CallView | None:
-        rows = await self._fetch(search.get_sql("%s"), (tenant_id, call_id))
-        return CallView.from_row(rows[0]) if rows else None
-
-    async def search(
-        self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
-    ) -> Page:
-        query, params = search.search_sql("%s", tenant_id, where, limit, after)
-        return search.page_of(await self._fetch(query, params), limit)
-
-    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
-        rows = await self._fetch(search.events_sql("%s"), (tenant_id, call_id))
-        return search.events_of([r["payload_json"] for r in rows])
-
-    async def applied(self, event_id: str) -> bool:
-        return bool(await self._fetch(search.applied_sql("%s"), (event_id,)))
 
 
 def _text(value: Any) -> Any:

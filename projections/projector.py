@@ -1,4 +1,5 @@
-"""The Kafka -> PostgreSQL projector (DESIGN sections 5 and 6).
+"""The Kafka -> PostgreSQL projector (docs/architecture.md#the-kafka-path and
+docs/architecture.md#projections).
 
 :class:`KafkaProjector` consumes the ``outcomes`` and ``dead-letters`` topics (``read_committed``:
 only what the executor's transactions committed) in the consumer group

@@ -8,13 +8,13 @@ executor uses). ``tool_call_events`` is the append-only audit trail, deduplicate
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from processors.ledger import CallState, evolve
 from schemas.events import Event, ToolCallKeyExpired, ToolCallStarted
 from schemas.keys import call_id_for, call_id_of
+from schemas.topics import Position as Position  # where an event was read (re-exported)
 
 CALL_COLUMNS = (
     "call_id",
@@ -55,12 +55,6 @@ EVENT_COLUMNS = (
     "occurred_at",
     "payload_json",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    partition: int
-    offset: int
 
 
 def payload_json(event: Event) -> str:

@@ -1,11 +1,15 @@
-"""SQL of the read side, shared by the SQLite and PostgreSQL adapters (placeholder varies)."""
+"""The calls half of the read side (get, search, events, applied), written once over a
+:class:`~projections.dialect.Dialect`: the SQLite and PostgreSQL adapters only run the
+queries (:meth:`CallReads._fetch`)."""
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from projections.dialect import Dialect, Query
 from schemas.calls import CallFilter, CallView, Page, encode_cursor
 
 CALL_SELECT = (
@@ -15,14 +19,14 @@ CALL_SELECT = (
 )
 
 
-def get_sql(mark: str) -> str:
-    return f"{CALL_SELECT} WHERE tenant_id = {mark} AND call_id = {mark}"
+def get_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
+    return f"{CALL_SELECT} WHERE tenant_id = {d.mark} AND call_id = {d.mark}", (tenant_id, call_id)
 
 
 def search_sql(
-    mark: str, tenant_id: str, where: CallFilter, limit: int, after: str | None
-) -> tuple[str, list[Any]]:
-    clauses, params = [f"tenant_id = {mark}"], [tenant_id]
+    d: Dialect, tenant_id: str, where: CallFilter, limit: int, after: str | None
+) -> Query:
+    clauses, params = [f"tenant_id = {d.mark}"], [tenant_id]
     for column, value in (
         ("tool_name", where.tool),
         ("idempotency_key", where.idempotency_key),
@@ -31,7 +35,7 @@ def search_sql(
         ("call_id", after),
     ):
         if value is not None:
-            clauses.append(f"{column} {'>' if column == 'call_id' else '='} {mark}")
+            clauses.append(f"{column} {'>' if column == 'call_id' else '='} {d.mark}")
             params.append(value)
     sql = f"{CALL_SELECT} WHERE {' AND '.join(clauses)} ORDER BY call_id LIMIT {int(limit) + 1}"
     return sql, params
@@ -43,10 +47,11 @@ def page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
     return Page(views, encode_cursor(views[-1].call_id) if more and views else None)
 
 
-def events_sql(mark: str) -> str:
+def events_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
     return (
-        f"SELECT payload_json FROM tool_call_events WHERE tenant_id = {mark} "
-        f"AND call_id = {mark} ORDER BY seq"
+        f"SELECT payload_json FROM tool_call_events WHERE tenant_id = {d.mark} "
+        f"AND call_id = {d.mark} ORDER BY seq",
+        (tenant_id, call_id),
     )
 
 
@@ -54,5 +59,33 @@ def events_of(payloads: Sequence[str]) -> list[dict[str, Any]] | None:
     return [json.loads(p) for p in payloads] or None
 
 
-def applied_sql(mark: str) -> str:
-    return f"SELECT 1 FROM tool_call_events WHERE event_id = {mark}"
+def applied_sql(d: Dialect, event_id: str) -> Query:
+    return f"SELECT 1 FROM tool_call_events WHERE event_id = {d.mark}", (event_id,)
+
+
+class CallReads(ABC):
+    """The calls half of :class:`schemas.calls.CallQueries`, written once: an adapter gives
+    its dialect and how it runs one indexed lookup."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    async def _fetch(self, query: Query) -> list[dict[str, Any]]:
+        """The rows of one lookup by id or key, as dicts by column name."""
+
+    async def get(self, tenant_id: str, call_id: str) -> CallView | None:
+        rows = await self._fetch(get_sql(self.dialect, tenant_id, call_id))
+        return CallView.from_row(rows[0]) if rows else None
+
+    async def search(
+        self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
+    ) -> Page:
+        rows = await self._fetch(search_sql(self.dialect, tenant_id, where, limit, after))
+        return page_of(rows, limit)
+
+    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
+        rows = await self._fetch(events_sql(self.dialect, tenant_id, call_id))
+        return events_of([r["payload_json"] for r in rows])
+
+    async def applied(self, event_id: str) -> bool:
+        return bool(await self._fetch(applied_sql(self.dialect, event_id)))

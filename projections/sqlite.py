@@ -1,4 +1,9 @@
-"""SQLite projections for the embedded mode: applied inside the caller's transaction."""
+"""SQLite projections for the embedded mode: applied inside the caller's transaction.
+
+:class:`SqliteProjection` is what the embedded log is handed (its
+:class:`~processors.runtime.sqlite_log.LogProjection`): the log calls it in its own
+transactions, so the read model is committed with the events it folds.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any
 
 from processors.ledger import CallState
 from projections import governance, search
+from projections.dialect import SQLITE, Query
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
@@ -19,11 +25,6 @@ from projections.rows import (
     event_row,
     expiries,
     fold_new_events,
-)
-from schemas.calls import (
-    CallFilter,
-    CallView,
-    Page,
 )
 from schemas.events import Event
 
@@ -221,6 +222,28 @@ def migrate(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE tool_calls ADD COLUMN expired_at TEXT")
 
 
+class SqliteProjection:
+    """The read model of an embedded ledger file (``tool_calls``, ``tool_call_events`` and the
+    governance views), as the embedded log writes it: :data:`DDL`, :func:`migrate`,
+    :func:`apply` and :func:`drop`, inside the log's transactions."""
+
+    ddl = DDL
+
+    def migrate(self, conn: sqlite3.Connection) -> None:
+        migrate(conn)
+
+    def apply(
+        self,
+        conn: sqlite3.Connection,
+        events: Sequence[tuple[Event, Position]],
+        states: Mapping[str, CallState] | None = None,
+    ) -> None:
+        apply(conn, events, states)
+
+    def drop(self, conn: sqlite3.Connection) -> None:
+        drop(conn)
+
+
 _TIMES = ("created_at", "updated_at", "occurred_at", "expired_at")
 
 
@@ -231,10 +254,10 @@ def _sqlite(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-class SqliteCalls(governance.GovernanceReads):
+class SqliteCalls(search.CallReads, governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the embedded projection."""
 
-    dialect = governance.SQLITE
+    dialect = SQLITE
 
     def __init__(self, conn: sqlite3.Connection, *, path: Path | None = None) -> None:
         """``conn``: the ledger's connection, for the indexed lookups by id and key. With the
@@ -247,13 +270,17 @@ class SqliteCalls(governance.GovernanceReads):
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
 
-    async def _read(self, *queries: governance.Query) -> list[list[dict[str, Any]]]:
+    async def _fetch(self, query: Query) -> list[dict[str, Any]]:
+        """On the ledger's connection: an indexed lookup never stalls the event loop long."""
+        return self._rows(self._conn, *query)
+
+    async def _read(self, *queries: Query) -> list[list[dict[str, Any]]]:
         if self._path is None:
             # no await between them: nothing is written in between, one snapshot
             return [self._rows(self._conn, sql, params) for sql, params in queries]
         return await asyncio.to_thread(self._read_in_thread, queries)
 
-    def _read_in_thread(self, queries: Sequence[governance.Query]) -> list[list[dict[str, Any]]]:
+    def _read_in_thread(self, queries: Sequence[Query]) -> list[list[dict[str, Any]]]:
         with self._reader_lock:
             if self._reader is None:
                 self._reader = sqlite3.connect(
@@ -272,26 +299,7 @@ class SqliteCalls(governance.GovernanceReads):
                 self._reader = None
 
     @staticmethod
-    def _rows(
-        conn: sqlite3.Connection, sql: str, params: Sequence[Any]
-    ) -> list[dict[str, Any]]:
+    def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         cursor = conn.execute(sql, params)
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor]
-
-    async def get(self, tenant_id: str, call_id: str) -> CallView | None:
-        rows = self._rows(self._conn, search.get_sql("?"), (tenant_id, call_id))
-        return CallView.from_row(rows[0]) if rows else None
-
-    async def search(
-        self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
-    ) -> Page:
-        sql, params = search.search_sql("?", tenant_id, where, limit, after)
-        return search.page_of(self._rows(self._conn, sql, params), limit)
-
-    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
-        rows = self._conn.execute(search.events_sql("?"), (tenant_id, call_id)).fetchall()
-        return search.events_of([r[0] for r in rows])
-
-    async def applied(self, event_id: str) -> bool:
-        return self._conn.execute(search.applied_sql("?"), (event_id,)).fetchone() is not None

@@ -143,9 +143,10 @@ class ApprovalView(BaseModel):
     run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN section 11's approval request (``id``, ``tool``, ``arguments``,
+        """The approval request of the HTTP contract (``id``, ``tool``, ``arguments``,
         ``args_digest``, ``impact`` {summary, target, scope, cost, irreversible: bool},
-        ``status``, ``expires_at``) followed by the audit fields."""
+        ``status``, ``expires_at``) followed by the audit fields. See
+        docs/architecture.md#the-http-contract."""
         raw = self.model_dump(mode="json", exclude={"call_key"})
         impact = {name: self.impact.get(name) for name in IMPACT_FIELDS}
         impact["irreversible"] = bool(impact["irreversible"])

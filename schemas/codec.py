@@ -1,4 +1,5 @@
-"""Events on the wire: Avro binary in the Avro single-object encoding (DESIGN section 4).
+"""Events on the wire: Avro binary in the Avro single-object encoding
+(docs/architecture.md#events-and-the-wire-format).
 
 One encoded event is::
 

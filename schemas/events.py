@@ -1,4 +1,5 @@
-"""The events of the ledger (DESIGN section 4), as frozen pydantic models.
+"""The events of the ledger (docs/architecture.md#events-and-the-wire-format), as frozen pydantic
+models.
 
 Every event carries the same :class:`Envelope`. The Avro schemas under ``schemas/avro/`` mirror
 these models field for field (a test holds them together); :mod:`schemas.codec` turns one into

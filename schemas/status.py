@@ -1,4 +1,4 @@
-"""The call states of DESIGN section 3."""
+"""The call states (docs/architecture.md#states-and-the-replay-contract)."""
 
 from __future__ import annotations
 

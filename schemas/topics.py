@@ -13,6 +13,15 @@ REASON_HEADER = "reason"
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Where a record is in its topic: the partition and the offset within it (the same on
+    Kafka and in the embedded log)."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Topics:
     """``intents``, ``outcomes``, ``state`` (compacted) and ``dead-letters``, co-partitioned:
     the same call key maps to the same partition number in each of them."""

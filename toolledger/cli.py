@@ -16,6 +16,7 @@ from rich.console import Console
 
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
+from projections.sqlite import SqliteProjection
 from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
@@ -99,7 +100,7 @@ def main(
 
 def _tracing() -> None:
     """Spans of the executor's stages, exported by OTLP if OTEL_EXPORTER_OTLP_ENDPOINT is set."""
-    from processors.telemetry import configure_tracing
+    from processors.tracing import configure_tracing
 
     configure_tracing(None)
 
@@ -503,7 +504,7 @@ def init(
         console.print(f"[red]{path} exists already: a ledger is never re-created[/]")
         raise typer.Exit(2)
     try:
-        SqliteLog(path, partitions=partitions, create=True).close()
+        SqliteLog(path, projection=SqliteProjection(), partitions=partitions, create=True).close()
     except LedgerFileError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -527,7 +528,7 @@ def vacuum(
 def _existing_ledger(data: Path) -> SqliteLog:
     """The embedded ledger in ``data``, never created; else one line and exit code 2."""
     try:
-        return SqliteLog(data / "ledger.db", create=False)
+        return SqliteLog(data / "ledger.db", projection=SqliteProjection(), create=False)
     except LedgerFileError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

@@ -13,9 +13,9 @@ from types import TracebackType
 from processors.pipeline import (
     DEFAULT_APPROVAL_REQUEST_TTL,
     DEFAULT_MAX_ARGUMENT_BYTES,
-    Clock,
     Stages,
 )
+from processors.ports import Clock
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S, EmbeddedRuntime
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import SqliteLog
@@ -23,6 +23,7 @@ from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
+from projections.sqlite import SqliteProjection
 from schemas.events import Event
 
 log = logging.getLogger("toolledger.embedded")
@@ -84,6 +85,7 @@ class EmbeddedLedger:
     async def start(self) -> EmbeddedLedger:
         self.log = SqliteLog(
             self.path,
+            projection=SqliteProjection(),
             partitions=self._partitions,
             synchronous=self._synchronous,
             create=self._create,

@@ -1,7 +1,8 @@
 """``decide``: given what the ledger knows about a call key and a command, which events follow.
 
-This is the whole state table of DESIGN section 3. It is pure: time, ids and the outcomes of
-handlers and reconcile queries arrive in the command; refusals are events, not exceptions.
+This is the whole state table (docs/architecture.md#states-and-the-replay-contract).
+It is pure: time, ids and the outcomes of handlers and reconcile queries arrive in the
+command; refusals are events, not exceptions.
 Event ids are ``<intent_id>/<kind>/<n>``, so reprocessing an intent yields the same ids.
 """
 

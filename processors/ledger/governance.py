@@ -8,7 +8,6 @@ in every partition, so each partition knows, in its own input order, which tools
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime
 from enum import StrEnum
@@ -16,7 +15,6 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from schemas.calls import switch_scopes
-from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
@@ -176,17 +174,3 @@ def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switc
         if switch is not None and not switch.enabled:
             return switch
     return None
-
-
-def token_digest(token: str) -> str:
-    """What the ledger keeps of an approval token: never the token itself."""
-    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def disabled_error(every_tenant: bool, every_tool: bool, tool: str, reason: str) -> ErrorInfo:
-    """What a caller of a switched-off tool is told."""
-    where = "for every tenant" if every_tenant else "for this tenant"
-    what = "every tool" if every_tool else tool
-    return ErrorInfo.of(
-        ErrorCode.TOOL_DISABLED, f"An operator switched {what} off {where}: {reason}"
-    )

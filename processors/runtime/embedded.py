@@ -16,12 +16,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from processors.pipeline import Stages
-from processors.runtime.batch import CommitBatch
+from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.partition import PartitionFailed, PartitionWorker
-from processors.runtime.snapshot import Snapshot
 from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
-from processors.runtime.state_table import KeyEntry
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.keys import partition_for

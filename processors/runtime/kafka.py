@@ -35,12 +35,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.pipeline import Stages
-from processors.runtime.batch import CommitBatch
+from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore
 from processors.runtime.partition import PartitionFailed, PartitionWorker
-from processors.runtime.snapshot import Snapshot, topic_pairs
-from processors.runtime.state_table import KeyEntry, StateMeta, state_meta
+from processors.runtime.snapshot import topic_pairs
+from processors.runtime.state_table import StateMeta, state_meta
 from schemas.codec import encode
 from schemas.events import Event, answers_intent
 from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
@@ -49,7 +49,7 @@ log = logging.getLogger("toolledger.kafka")
 
 
 class KafkaStore:
-    """A partition's :class:`~processors.runtime.partition.PartitionStore` on Kafka: the
+    """A partition's :class:`~processors.ports.PartitionStore` on Kafka: the
     transaction is the truth; the local store follows it once it committed."""
 
     def __init__(

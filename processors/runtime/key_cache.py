@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook
-from processors.runtime.state_table import KeyEntry
+from processors.ports import KeyEntry
 from schemas.status import CallStatus
 
 DEFAULT_CACHE_ENTRIES = 16_384  # per executor, shared by its partitions: tens of MB
@@ -164,4 +164,3 @@ class KeyCache:
 
 def _unresolved(entry: KeyEntry) -> bool:
     return entry.state is not None and entry.state.status in _UNRESOLVED
-

@@ -24,8 +24,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from processors.ports import Snapshot
 from processors.runtime import state_table
-from processors.runtime.snapshot import Snapshot
 from processors.runtime.state_table import Reader, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")

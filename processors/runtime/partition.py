@@ -1,7 +1,8 @@
 """One owned input partition: ordering per key, concurrency across keys, group commit.
 
-Shared by every runtime; a runtime supplies the :class:`PartitionStore` (how a batch of
-outcome events, call states and the input position become durable in one atomic write).
+Shared by every runtime; a runtime supplies the :class:`~processors.ports.PartitionStore`
+(how a batch of outcome events, call states and the input position become durable in one
+atomic write).
 
 Timeline of one intent (``commit`` = one atomic write of the whole queued batch)::
 
@@ -18,10 +19,10 @@ import contextlib
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from processors.ledger import CallState, Recover, decide, evolve, expires_at
 from processors.ledger.governance import (
@@ -35,10 +36,8 @@ from processors.ledger.governance import (
     switch_of,
 )
 from processors.pipeline import Stages
-from processors.runtime.batch import CommitBatch, DeadLetter
+from processors.ports import CommitBatch, DeadLetter, KeyEntry, PartitionStore
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES, KeyCache
-from processors.runtime.snapshot import Snapshot
-from processors.runtime.state_table import KeyEntry
 from schemas.codec import CodecError, decode
 from schemas.events import (
     ApprovalDenied,
@@ -78,25 +77,6 @@ _INBOUND = (
 )
 
 
-class PartitionStore(Protocol):
-    """A partition's durable state, as its worker uses it (one store per owned partition)."""
-
-    async def load(self, partition: int) -> Snapshot:
-        """What the worker holds from its start (see :class:`Snapshot`)."""
-
-    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
-        """The stored entries of ``keys``, as of the last commit that returned."""
-
-    async def due(
-        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
-    ) -> list[tuple[float, str]]:
-        """Keys of ``tool`` settled at or before ``settled_before`` (epoch seconds), oldest
-        first, after the cursor ``after``: those whose retention may have passed."""
-
-    async def commit(self, batch: CommitBatch) -> None:
-        """Write the batch atomically, or raise (e.g. fenced by a newer owner)."""
-
-
 class PartitionFailed(RuntimeError):
     """The partition's store refused a write; this worker must stop and do nothing more."""
 
@@ -129,7 +109,6 @@ class _Watermark:
                 break
         while self._inflight and self._inflight[0][1]:
             self.position = max(self.position, int(self._inflight.popleft()[0]) + 1)
-
 
 
 class PartitionWorker:
@@ -579,7 +558,7 @@ class _Frozen:
 
 
 class _IntentPort:
-    """The :class:`~processors.pipeline.CallPort` of one input record (or of a sweep);
+    """The :class:`~processors.ports.CallPort` of one input record (or of a sweep);
     ``frozen``: the key's state as it was when the record was refused at once."""
 
     __slots__ = ("_frozen", "_offset", "_worker", "epoch")

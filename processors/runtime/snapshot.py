@@ -1,4 +1,5 @@
-"""What a partition's executor starts from, and the key/value pairs of its state.
+"""The key/value pairs of a partition's executor state (the :class:`~processors.ports.Snapshot`
+it starts from and the :class:`~processors.ports.CommitBatch` es it writes).
 
 Call states are keyed by call key (a JSON array, so it never starts with a prefix below);
 approval books and switches are keyed by a prefix and their own key. The Kafka store writes
@@ -10,36 +11,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from processors.ledger import CallState
-from processors.ledger.governance import ApprovalBook, Switch
-from processors.runtime.batch import CommitBatch
+from processors.ledger.governance import Switch
+from processors.ports import CommitBatch, Snapshot
 
 APPROVALS_PREFIX = "approvals:"
 SWITCH_PREFIX = "switch:"
 REFUSED_KEY = "refused:"  # input offsets past the position already answered with a refusal
 
 
-@dataclass(slots=True)
-class Snapshot:
-    """What a partition's executor holds from its start: the unresolved calls (PENDING,
-    UNKNOWN) with their books, every switch and the refused offsets. Any other key's state
-    is read from the store when the key is used."""
-
-    states: dict[str, CallState] = field(default_factory=dict)
-    approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
-    switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
-    refused: frozenset[int] = frozenset()
-
-    def restore(self, key: str, value: str | bytes) -> None:
-        """Take one stored governance pair back: a switch, or the refused offsets."""
-        if key == REFUSED_KEY:
-            self.refused = frozenset(int(o) for o in json.loads(value))
-        elif key.startswith(SWITCH_PREFIX):
-            self.switches[key.removeprefix(SWITCH_PREFIX)] = Switch.model_validate_json(value)
-        else:
-            raise ValueError(f"not a governance pair: {key!r}")
+def restore(snapshot: Snapshot, key: str, value: str | bytes) -> None:
+    """Take one stored governance pair back into ``snapshot``: a switch, or the refused
+    offsets."""
+    if key == REFUSED_KEY:
+        snapshot.refused = frozenset(int(o) for o in json.loads(value))
+    elif key.startswith(SWITCH_PREFIX):
+        snapshot.switches[key.removeprefix(SWITCH_PREFIX)] = Switch.model_validate_json(value)
+    else:
+        raise ValueError(f"not a governance pair: {key!r}")
 
 
 def switch_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:

@@ -3,6 +3,10 @@
 Same partitioning function, same encoded events and same offsets as on Kafka, so a file can
 be exported and replayed into Kafka. Every write that matters is one SQLite transaction:
 outcome events + call states + input position + projections together.
+
+The projections (the read model in the same file) are not this module's: the log is handed a
+:class:`LogProjection` (the composition root gives it ``projections.sqlite.SqliteProjection``)
+and calls it inside its own transactions. See docs/architecture.md#the-event-flow.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
+from processors.ledger import CallState
+from processors.ports import CommitBatch, Snapshot
 from processors.runtime import state_table
-from processors.runtime.batch import CommitBatch
 from processors.runtime.ledger_file import (
     LedgerFileError,
     check_identity,
@@ -28,14 +33,20 @@ from processors.runtime.ledger_file import (
     traces,
     write_failure,
 )
-from processors.runtime.snapshot import Snapshot
 from processors.runtime.state_table import Reader, transaction
-from projections import sqlite as projection
-from projections.rows import Position
 from schemas.codec import CodecError, decode
 from schemas.events import Event
+from schemas.topics import Position
 
-__all__ = ["EXECUTOR", "FORMAT", "INTENTS", "OUTCOMES", "LedgerFileError", "SqliteLog"]
+__all__ = [
+    "EXECUTOR",
+    "FORMAT",
+    "INTENTS",
+    "OUTCOMES",
+    "LedgerFileError",
+    "LogProjection",
+    "SqliteLog",
+]
 
 log = logging.getLogger("toolledger.embedded")
 
@@ -65,18 +76,47 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 """
 
 
+class LogProjection(Protocol):
+    """The read model the log keeps in its own file, written in the transaction of the
+    events it folds (so it is never behind the log, nor ahead of it)."""
+
+    @property
+    def ddl(self) -> str:
+        """The tables, indexes and views, as one script (statements end with ``;`` and hold no
+        other ``;``: a rebuild runs them one by one in a transaction)."""
+
+    def migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring tables made by an earlier version up to date (inside a transaction)."""
+
+    def apply(
+        self,
+        conn: sqlite3.Connection,
+        events: Sequence[tuple[Event, Position]],
+        states: Mapping[str, CallState] | None = None,
+    ) -> None:
+        """Fold ``events`` into the tables, inside the caller's transaction. ``states``: the
+        call states after them, when the caller folded them already."""
+
+    def drop(self, conn: sqlite3.Connection) -> None:
+        """Drop every table and view of the read model (a rebuild creates them again)."""
+
+
 class SqliteLog:
     def __init__(
         self,
         path: Path,
         *,
+        projection: LogProjection,
         partitions: int = 4,
         synchronous: str = "FULL",
         create: bool | None = None,
     ) -> None:
         """Open the ledger at ``path``. ``create``: True to make it if it does not exist, False
-        never to, None (default) only in a new, empty directory. Raises
-        :class:`LedgerFileError` (one line naming the file) and then has written nothing."""
+        never to, None (default) only in a new, empty directory. ``projection``: the read model
+        kept in the file, written in the log's transactions (the composition root hands it
+        ``projections.sqlite.SqliteProjection``). Raises :class:`LedgerFileError` (one line
+        naming the file) and then has written nothing."""
+        self.projection = projection
         self.path = Path(path)
         new = must_create(self.path, create)  # before the lock: a refusal leaves no trace
         if new and traces(self.path):  # asked to, but a ledger was here: say so
@@ -163,11 +203,11 @@ class SqliteLog:
         # does not leave a WAL of its peak size behind
         conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{projection.DDL}COMMIT;")
+        conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{self.projection.ddl}COMMIT;")
         with transaction(conn):
             state_table.migrate(conn)
             state_table.create(conn)
-            projection.migrate(conn)
+            self.projection.migrate(conn)
         return conn
 
     def _init_meta(self, partitions: int) -> int:
@@ -217,9 +257,7 @@ class SqliteLog:
 
     def size(self) -> int:
         """Bytes on disk: the file and its WAL."""
-        return sum(
-            p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists()
-        )
+        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
 
     def close(self) -> None:
         """Checkpoint the WAL into the file, close, release the lock."""
@@ -253,9 +291,11 @@ class SqliteLog:
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
             rows.append((topic, partition, offset, key, value))
-            if topic == INTENTS and now - self._marked.get(
-                (topic, partition), float("-inf")
-            ) >= self.mark_interval_s:
+            if (
+                topic == INTENTS
+                and now - self._marked.get((topic, partition), float("-inf"))
+                >= self.mark_interval_s
+            ):
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
         self.conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
@@ -345,7 +385,6 @@ class SqliteLog:
     def load(self, partition: int) -> Snapshot:
         return state_table.live(self.conn, partition)
 
-
     def write(
         self,
         intents: Sequence[tuple[int, bytes, bytes]],
@@ -379,7 +418,7 @@ class SqliteLog:
                 "(consumer, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
                 (EXECUTOR, INTENTS, batch.partition, batch.next_offset),
             )
-        projection.apply(
+        self.projection.apply(
             self.conn,
             [
                 (event, Position(batch.partition, offset))
@@ -391,10 +430,10 @@ class SqliteLog:
     def rebuild_projections(self) -> int:
         """Drop the projections and fold them again from the outcome log; returns events read."""
         with transaction(self.conn):
-            projection.drop(self.conn)
-            for statement in projection.DDL.split(";"):
+            self.projection.drop(self.conn)
+            for statement in self.projection.ddl.split(";"):
                 if statement.strip():
                     self.conn.execute(statement)
             events = list(self.events())
-            projection.apply(self.conn, events)
+            self.projection.apply(self.conn, events)
         return len(events)

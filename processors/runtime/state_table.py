@@ -21,18 +21,17 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook
-from processors.runtime.batch import CommitBatch
+from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.snapshot import (
     APPROVALS_PREFIX,
     REFUSED_KEY,
     SWITCH_PREFIX,
-    Snapshot,
+    restore,
     switch_pairs,
 )
 from schemas.status import CallStatus
@@ -52,14 +51,6 @@ CREATE TABLE IF NOT EXISTS executor_state (
 
 _UNRESOLVED = frozenset({CallStatus.PENDING.value, CallStatus.UNKNOWN.value})
 _READ_CHUNK = 500  # keys per statement: well under SQLite's limit of bound parameters
-
-
-@dataclass(frozen=True, slots=True)
-class KeyEntry:
-    """What the store holds for one call key; both None: the key is unused (or expired)."""
-
-    state: CallState | None = None
-    book: ApprovalBook | None = None
 
 
 class transaction:
@@ -306,7 +297,7 @@ def live(conn: sqlite3.Connection, partition: int) -> Snapshot:
     for key, value_json in conn.execute(
         "SELECT key, value_json FROM executor_state WHERE partition = ?", (partition,)
     ):
-        snapshot.restore(key, value_json)
+        restore(snapshot, key, value_json)
     return snapshot
 
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from projections.governance import sqlite_time
+from projections.dialect import sqlite_time
 from projections.postgres import PostgresCalls, PostgresProjection, load_migrations
 from projections.rows import Position
 from projections.sqlite import GOVERNANCE_VIEWS, SqliteCalls

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~processors.runtime.partition.PartitionStore` for property tests of
+"""An in-memory :class:`~processors.ports.PartitionStore` for property tests of
 the partition worker: what a real store keeps (states, books, switches, refused offsets,
 the position), with a commit that can be made to fail as a crash would."""
 
@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook, Switch
-from processors.runtime.batch import CommitBatch
-from processors.runtime.snapshot import Snapshot
-from processors.runtime.state_table import KeyEntry, settled_at
+from processors.ports import CommitBatch, KeyEntry, Snapshot
+from processors.runtime.state_table import settled_at
 from schemas.events import Event
 from schemas.status import CallStatus
 

@@ -1,4 +1,5 @@
-"""Canonical JSON and the arguments digest (DESIGN sections 2 and 11)."""
+"""Canonical JSON and the arguments digest (docs/architecture.md#vocabulary and
+docs/architecture.md#the-http-contract)."""
 
 from __future__ import annotations
 

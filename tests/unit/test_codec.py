@@ -1,4 +1,5 @@
-"""The Avro wire format of the events (DESIGN section 4): schemas.codec and schemas/avro."""
+"""The Avro wire format of the events: schemas.codec and schemas/avro
+(docs/architecture.md#events-and-the-wire-format)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from processors.runtime.sqlite_log import OUTCOMES, LedgerFileError, SqliteLog
+from projections.sqlite import SqliteProjection
 
 
 def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
@@ -15,7 +16,7 @@ def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
     path.write_bytes(b"this is a text file, not a database\n" * 100)
     before = path.read_bytes()
     with pytest.raises(LedgerFileError, match="not an SQLite database") as info:
-        SqliteLog(path)
+        SqliteLog(path, projection=SqliteProjection())
     assert str(path) in str(info.value)
     assert path.read_bytes() == before
 
@@ -27,24 +28,24 @@ def test_another_applications_database_is_refused_untouched(tmp_path: Path) -> N
         conn.execute("INSERT INTO customers (name) VALUES ('Ada')")
     before = path.read_bytes()
     with pytest.raises(LedgerFileError, match="another application") as info:
-        SqliteLog(path)
+        SqliteLog(path, projection=SqliteProjection())
     assert str(path) in str(info.value)
     assert path.read_bytes() == before
 
 
 def test_a_second_process_cannot_open_the_same_ledger(tmp_path: Path) -> None:
-    first = SqliteLog(tmp_path / "ledger.db")
+    first = SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection())
     try:
         with pytest.raises(LedgerFileError, match="in use by another toolledger process"):
-            SqliteLog(tmp_path / "ledger.db")
+            SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection())
     finally:
         first.close()
-    SqliteLog(tmp_path / "ledger.db").close()  # released on close
+    SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection()).close()  # released on close
 
 
 def test_an_undecodable_event_names_the_file_and_offset(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    log = SqliteLog(path, partitions=2)
+    log = SqliteLog(path, projection=SqliteProjection(), partitions=2)
     try:
         log.append(OUTCOMES, [(1, b"k", b"\xc3\x01" + b"\x00" * 8 + b"junk")])
         with pytest.raises(LedgerFileError) as info:
@@ -59,8 +60,8 @@ def test_an_undecodable_event_names_the_file_and_offset(tmp_path: Path) -> None:
 
 
 def test_partition_count_is_fixed_at_creation(tmp_path: Path) -> None:
-    SqliteLog(tmp_path / "ledger.db", partitions=3).close()
-    reopened = SqliteLog(tmp_path / "ledger.db", partitions=8)
+    SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection(), partitions=3).close()
+    reopened = SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection(), partitions=8)
     try:
         assert reopened.partitions == 3  # the file's layout wins: keys must keep their partition
     finally:
@@ -73,7 +74,7 @@ def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Pat
     from toolledger.cli import app
 
     path = tmp_path / "ledger.db"
-    log = SqliteLog(path, create=True)
+    log = SqliteLog(path, projection=SqliteProjection(), create=True)
     log.append(OUTCOMES, [(0, b"k", b"v" * 2000) for _ in range(2000)])
     log.conn.execute("DELETE FROM log")  # space left free, as by deleted records
     in_use = CliRunner().invoke(app, ["vacuum", str(tmp_path)])
@@ -83,7 +84,7 @@ def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Pat
     done = CliRunner().invoke(app, ["vacuum", str(tmp_path)])
     assert done.exit_code == 0, done.output
     assert path.stat().st_size < before // 10
-    reopened = SqliteLog(path)  # still the same ledger
+    reopened = SqliteLog(path, projection=SqliteProjection())  # still the same ledger
     try:
         assert reopened.read(OUTCOMES, 0, 0) == []
     finally:
@@ -96,7 +97,7 @@ def test_a_large_ledger_gets_a_bounded_check_at_start(tmp_path: Path) -> None:
     from processors.runtime.ledger_file import check_readable
 
     path = tmp_path / "ledger.db"
-    SqliteLog(path, create=True).close()
+    SqliteLog(path, projection=SqliteProjection(), create=True).close()
     check_readable(path, full_check_max_bytes=0)
     data = bytearray(path.read_bytes())
     data[100:4096] = b"\xff" * (4096 - 100)  # the first page: where the schema starts
@@ -112,7 +113,9 @@ def test_pruning_deletes_only_processed_intents_past_their_retention(tmp_path: P
 
     from processors.runtime.sqlite_log import EXECUTOR, INTENTS
 
-    log = SqliteLog(tmp_path / "ledger.db", partitions=1, create=True)
+    log = SqliteLog(
+        tmp_path / "ledger.db", projection=SqliteProjection(), partitions=1, create=True
+    )
     try:
         log.mark_interval_s = 0.0  # a mark at every append
         log.append(INTENTS, [(0, b"k", b"old")] * 3)

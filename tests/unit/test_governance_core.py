@@ -35,7 +35,6 @@ from processors.ledger.governance import (
     newer,
     switch_key,
     switch_of,
-    token_digest,
 )
 from schemas.calls import ANY
 from schemas.errors import ErrorCode, ErrorInfo
@@ -52,6 +51,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
+from schemas.governance import token_digest
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 

@@ -26,7 +26,7 @@ from processors.runtime.sqlite_log import SqliteLog
 from projections import governance
 from projections import sqlite as sqlite_projection
 from projections.rows import Position
-from projections.sqlite import SqliteCalls
+from projections.sqlite import SqliteCalls, SqliteProjection
 from schemas.calls import (
     STAT_COUNTS,
     STAT_RATES,
@@ -892,8 +892,8 @@ def test_the_ddl_can_be_applied_again_and_views_are_recreated() -> None:
 
 async def test_views_in_an_embedded_ledger_file(tmp_path: Path) -> None:
     """The views live in the embedded log's file: opened twice, rebuilt from the log."""
-    SqliteLog(tmp_path / "ledger.db").close()
-    log = SqliteLog(tmp_path / "ledger.db")
+    SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection()).close()
+    log = SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection())
     try:
         assert log.rebuild_projections() == 0
         views = {

@@ -1,4 +1,5 @@
-"""The pure ledger core as given/when/then tables: the state table of DESIGN section 3.
+"""The pure ledger core as given/when/then tables: the state table of
+docs/architecture.md#states-and-the-replay-contract.
 
 Each row: *given* the events already in the log for one call key, *when* a command reaches
 ``decide``, *then* these events (type, id and key fields), this action, and this status after

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the pure core (DESIGN section 9).
+"""Hypothesis properties of the pure core (docs/architecture.md#tests).
 
 A simulated executor drives ``decide``/``evolve`` through random interleavings of intents for a
 few call keys, with random handler outcomes, reconcile answers and crashes, against a model of

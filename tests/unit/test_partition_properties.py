@@ -262,9 +262,9 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     """Asks, the operator's grant, uses of the token (right call, another key, other
     arguments) and switches in any order, with a crash at any commit: the approved call runs
     at most once, only after its ApprovalConsumed, and nothing else ever runs."""
-    from processors.ledger.governance import token_digest
     from producers import governance
     from schemas.canonical import args_digest
+    from schemas.governance import token_digest
 
     random.seed(seed)
     downstream = Downstream()

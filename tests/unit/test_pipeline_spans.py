@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from processors import telemetry
+from processors import tracing as telemetry
 from processors.toolsets.helpdesk import HelpdeskStore
 from producers import governance
 from producers.client import CallResult, TrustedContext

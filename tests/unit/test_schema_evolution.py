@@ -1,4 +1,4 @@
-"""Every committed schema version stays readable (DESIGN section 4).
+"""Every committed schema version stays readable (docs/architecture.md#events-and-the-wire-format).
 
 For each ``schemas/avro/v*/`` directory and each event record in it, records written with that
 version's schema - samples generated from the schema itself - must decode with

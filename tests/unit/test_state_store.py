@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from processors.ledger import CallContext, CallState
 from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
+from processors.ports import CommitBatch
 from processors.runtime import state_table
-from processors.runtime.batch import CommitBatch
 from processors.runtime.kafka import meta_headers, meta_of_headers
 from processors.runtime.local_store import LocalStore
 from processors.runtime.snapshot import topic_pairs

@@ -1,0 +1,42 @@
+"""The SQL dialects of the read side: what differs between the SQLite and the PostgreSQL
+projection when the same query is written once (:mod:`projections.search`,
+:mod:`projections.governance`).
+
+A query builder takes a :class:`Dialect` and returns a :data:`Query` (the SQL text with the
+driver's placeholders, and its parameters); an adapter only runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["POSTGRES", "SQLITE", "Dialect", "Query", "aware", "sqlite_time"]
+
+Query = tuple[str, Sequence[Any]]
+"""SQL text with the dialect's placeholders, and its parameters in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    mark: str  # the driver's placeholder
+    collate: str  # appended to text comparisons and orderings: code point order everywhere
+    time: Callable[[datetime], Any]  # a time parameter as the views' time columns hold it
+
+
+def aware(value: datetime) -> datetime:
+    """``value`` in UTC; a naive time is refused (the read side never guesses a zone)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: give the read side timezone-aware times")
+    return value.astimezone(UTC)
+
+
+def sqlite_time(value: datetime) -> str:
+    """The SQLite views' time text: ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC."""
+    return aware(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+SQLITE = Dialect("?", "", sqlite_time)
+POSTGRES = Dialect("%s", ' COLLATE "C"', aware)
