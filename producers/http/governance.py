@@ -1,5 +1,6 @@
-"""Operators' routes (approvals, kill switches), ``/v1/stats``, and the front door's
-pre-checks that refuse a call before anything is appended (switch, run budget).
+"""The front door's governance: the pre-checks that refuse a call before anything is appended
+(kill switch, run budget), the same refusals for another transport (MCP), and operators'
+commands sent to the ledger. The operators' routes are in ``producers.http.routes``.
 
 Scopes: ``operator`` decides approvals and switches tools for its own tenant and reads the
 metrics of every tenant; ``operator:global`` also acts on other tenants' approvals and switches
@@ -9,40 +10,18 @@ tools off for every tenant. An operator cannot approve a request it made itself.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from processors.ledger.governance import disabled_error
 from producers import governance
 from producers.client import TransportError, TrustedContext
+from producers.http.errors import ProblemError, refused
 from producers.http.problems import problem
-from producers.http.responses import (
-    JSON,
-    error_response,
-    field_errors,
-    not_found,
-    problem_response,
-    read_capped,
-    validation_failed,
-)
-from schemas.calls import (
-    ANY,
-    ApprovalView,
-    CallQueries,
-    SwitchView,
-    decode_approval_cursor,
-    effective_switch,
-)
+from schemas.calls import ANY, CallQueries, SwitchView, effective_switch
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalDenied,
@@ -52,22 +31,19 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
+from schemas.governance import disabled_error
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 
 if TYPE_CHECKING:
-    from producers.http.app import FrontDoor
+    from producers.http.door import FrontDoor
 
 log = logging.getLogger("toolledger.http")
 
-OPERATOR = "operator"
-GLOBAL_OPERATOR = "operator:global"
-MAX_OPERATOR_BODY = 16 << 10
 SWITCH_CACHE_S = 1.0
 PROJECTION_WAIT_S = 10.0
-APPROVAL_ID = re.compile(r"apr_[0-9a-f]{24}")
 
-Authenticate = Callable[[Request], TrustedContext | Response]
+Command = TypeVar("Command", bound=ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +53,6 @@ class RunBudget:
 
     max_attempts: int = 100
     max_repeats: int = 3
-
-
-class DenyBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    reason: Annotated[str, Field(min_length=1, max_length=governance.MAX_REASON_CHARS)]
-
-
-class SwitchBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    enabled: bool
-    reason: Annotated[str, Field(min_length=1, max_length=governance.MAX_REASON_CHARS)]
-    scope: Literal["tenant", "global"] = "tenant"
 
 
 class SwitchCache:
@@ -119,19 +83,6 @@ class SwitchCache:
 
     def clear(self) -> None:
         self._entries.clear()
-
-
-def _dumps(body: Any, status: int = 200) -> Response:
-    return Response(
-        json.dumps(body, separators=(",", ":"), default=str).encode(),
-        status_code=status,
-        media_type=JSON,
-    )
-
-
-def _forbidden(message: str) -> Response:
-    return error_response(ErrorCode.FORBIDDEN, message)
-
 
 
 async def precheck(
@@ -214,258 +165,6 @@ async def approval_request(door: FrontDoor, event: ApprovalRequested) -> dict[st
     return governance.approval_request_json(event)
 
 
-def add_routes(
-    app: FastAPI,
-    door: FrontDoor,
-    authenticate: Authenticate,
-    errors: dict[int | str, dict[str, Any]],
-) -> None:
-    """``errors``: the problem responses every route documents."""
-
-    def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
-        return {code: {"description": "See the body"} for code in codes} | errors
-
-    def operator(request: Request) -> TrustedContext | Response:
-        context = authenticate(request)
-        if isinstance(context, Response):
-            return context
-        if OPERATOR not in context.scopes and GLOBAL_OPERATOR not in context.scopes:
-            door.metrics.rejections.labels("-", ErrorCode.FORBIDDEN.value).inc()
-            return _forbidden("This needs the scope 'operator'.")
-        return context
-
-    def tenant_of(context: TrustedContext) -> str | None:
-        return None if GLOBAL_OPERATOR in context.scopes else context.tenant_id
-
-    async def body_of(request: Request, model: type[BaseModel]) -> BaseModel | Response:
-        raw = await read_capped(request, MAX_OPERATOR_BODY)
-        if raw is None:
-            return error_response(
-                ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {MAX_OPERATOR_BODY} bytes."
-            )
-        try:
-            return model.model_validate_json(raw or b"{}")
-        except ValidationError as exc:
-            return validation_failed("The body is invalid:", field_errors(exc.errors()))
-
-    async def find(context: TrustedContext, approval_id: str) -> ApprovalView | None:
-        if not APPROVAL_ID.fullmatch(approval_id):  # anything else was never handed out
-            return None
-        return await door.queries.approval(tenant_of(context), approval_id, now=datetime.now(UTC))
-
-    async def pending(context: TrustedContext, approval_id: str) -> ApprovalView | Response:
-        view = await find(context, approval_id)
-        if view is None:  # another tenant's request is not found, never forbidden
-            return not_found(
-                "No approval request with this id.",
-                "List them with GET /v1/approval-requests?status=pending.",
-            )
-        if view.status != "pending":
-            return problem_response(
-                problem(
-                    ErrorInfo.of(
-                        ErrorCode.APPROVAL_INVALID,
-                        f"The approval request is {view.status}: it cannot be decided again.",
-                    ),
-                    status=409,
-                )
-            )
-        return view
-
-    def target(view: ApprovalView) -> governance.ApprovalTarget:
-        return governance.ApprovalTarget(
-            view.approval_id, view.tenant_id, view.tool, view.idempotency_key, view.args_digest
-        )
-
-    @app.get("/v1/approval-requests", responses=documented(200))
-    async def list_approvals(
-        request: Request,
-        status: Literal["pending", "approved", "denied", "consumed", "expired"] | None = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_-]+$")] = None,
-    ) -> Response:
-        context = operator(request)
-        if isinstance(context, Response):
-            return context
-        if cursor is not None:
-            try:
-                decode_approval_cursor(cursor)
-            except ValueError:
-                return error_response(
-                    ErrorCode.VALIDATION_FAILED, "The cursor is not one this API gave out."
-                )
-        page = await door.queries.approvals(
-            tenant_of(context), status=status, now=datetime.now(UTC), limit=limit, after=cursor
-        )
-        return _dumps({"items": [v.to_json() for v in page.items], "next_cursor": page.next_cursor})
-
-    @app.get("/v1/approval-requests/{approval_id}", responses=documented(200))
-    async def get_approval(approval_id: str, request: Request) -> Response:
-        context = operator(request)
-        if isinstance(context, Response):
-            return context
-        view = await find(context, approval_id)
-        if view is None:  # another tenant's request is not found, never forbidden
-            return not_found(
-                "No approval request with this id.",
-                "List them with GET /v1/approval-requests?status=pending.",
-            )
-        return _dumps(view.to_json())
-
-    @app.post("/v1/approval-requests/{approval_id}/approve", responses=documented(200, 202))
-    async def approve(approval_id: str, request: Request) -> Response:
-        context = operator(request)
-        if isinstance(context, Response):
-            return context
-        view = await pending(context, approval_id)
-        if isinstance(view, Response):
-            return view
-        if (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal):
-            four_eyes = ErrorInfo.of(
-                ErrorCode.FORBIDDEN,
-                f"Four eyes: {context.principal!r} asked for this call, so another operator "
-                "must approve it.",
-                suggested_action="Ask another operator of this tenant to approve the request "
-                "(a token with the 'operator' scope and another principal).",
-            )
-            return problem_response(problem(four_eyes))
-        decided_at = datetime.now(UTC)
-        record, token = governance.approve(
-            target(view), context.principal, decided_at, door.approval_token_ttl
-        )
-        answer = await _command(door, record)
-        if isinstance(answer, Response):
-            return answer
-        door.metrics.operator_actions.labels("approve").inc()
-        body = {
-            "approval_token": token,
-            "expires_at": record.expires_at.isoformat(),
-            "approval_request": view.model_copy(
-                update={
-                    "status": "approved",
-                    "approver": context.principal,
-                    "decided_at": decided_at,
-                }
-            ).to_json(),
-        }
-        if answer is None:  # appended, not confirmed yet: the token works once it applies
-            return _dumps({**body, "confirmed": False}, status=202)
-        assert isinstance(answer, ApprovalGranted)
-        return _dumps({**body, "expires_at": answer.expires_at.isoformat(), "confirmed": True})
-
-    @app.post(
-        "/v1/approval-requests/{approval_id}/deny",
-        responses=documented(200, 202),
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {JSON: {"schema": DenyBody.model_json_schema()}},
-            }
-        },
-    )
-    async def deny(approval_id: str, request: Request) -> Response:
-        context = operator(request)
-        if isinstance(context, Response):
-            return context
-        parsed = await body_of(request, DenyBody)
-        if isinstance(parsed, Response):
-            return parsed
-        assert isinstance(parsed, DenyBody)
-        view = await pending(context, approval_id)
-        if isinstance(view, Response):
-            return view
-        decided_at = datetime.now(UTC)
-        record = governance.deny(target(view), context.principal, parsed.reason, decided_at)
-        answer = await _command(door, record)
-        if isinstance(answer, Response):
-            return answer
-        door.metrics.operator_actions.labels("deny").inc()
-        denied = view.model_copy(
-            update={
-                "status": "denied",
-                "reason": parsed.reason,
-                "approver": context.principal,
-                "decided_at": decided_at,
-            }
-        )
-        return _dumps(
-            {"approval_request": denied.to_json(), "confirmed": answer is not None},
-            status=200 if answer is not None else 202,
-        )
-
-    @app.put(
-        "/v1/tools/{tool}/switch",
-        responses=documented(200, 202),
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {JSON: {"schema": SwitchBody.model_json_schema()}},
-            }
-        },
-    )
-    async def switch_tool(tool: str, request: Request) -> Response:
-        context = operator(request)
-        if isinstance(context, Response):
-            return context
-        if tool != "*" and tool not in door.tools:
-            return error_response(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {tool!r}.")
-        parsed = await body_of(request, SwitchBody)
-        if isinstance(parsed, Response):
-            return parsed
-        assert isinstance(parsed, SwitchBody)
-        if parsed.scope == "global" and GLOBAL_OPERATOR not in context.scopes:
-            return _forbidden("Switching a tool off for every tenant needs 'operator:global'.")
-        target = "*" if parsed.scope == "global" else context.tenant_id
-        # the latest change wins by time: never stamp one before the change it follows, even
-        # when this front door's clock is behind the one that made that change
-        now = datetime.now(UTC)
-        for seen in await door.queries.switches(context.tenant_id):
-            if (seen.tenant_id, seen.tool) == (target, tool):
-                now = max(now, seen.changed_at + timedelta(microseconds=1))
-        record = governance.switch(
-            tenant_id=target,
-            tool=tool,
-            enabled=parsed.enabled,
-            actor=context.principal,
-            reason=parsed.reason,
-            now=now,
-        )
-        answer = await _command(door, record, broadcast=True)
-        if isinstance(answer, Response):
-            return answer
-        if answer is not None:  # the front door's pre-check reads the projection: let it catch up
-            await applied_within(door.queries, answer.event_id, PROJECTION_WAIT_S)
-        door.switch_cache.clear()
-        door.metrics.operator_actions.labels("enable" if parsed.enabled else "disable").inc()
-        env = record.envelope
-        view = SwitchView(
-            tenant_id=env.tenant_id,
-            tool=env.tool,
-            enabled=parsed.enabled,
-            reason=parsed.reason,
-            actor=context.principal,
-            changed_at=env.occurred_at,
-        )
-        return _dumps(
-            {**view.to_json(), "scope": parsed.scope, "confirmed": answer is not None},
-            status=200 if answer is not None else 202,
-        )
-
-    @app.get("/v1/stats", responses=documented(200))
-    async def stats(
-        request: Request,
-        tenant: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00-\x1F\x7F]+$")] = None,
-    ) -> Response:
-        context = authenticate(request)
-        if isinstance(context, Response):
-            return context
-        every_tenant = GLOBAL_OPERATOR in context.scopes
-        if tenant is not None and tenant != context.tenant_id and not every_tenant:
-            return _forbidden("Only 'operator:global' reads other tenants' metrics.")
-        scope = tenant if tenant is not None else (None if every_tenant else context.tenant_id)
-        return _dumps((await door.queries.stats(scope)).to_json())
-
-
 async def applied_within(queries: CallQueries, event_id: str, timeout_s: float) -> bool:
     """Whether the projection applies ``event_id`` within ``timeout_s`` (polls)."""
     deadline = time.monotonic() + timeout_s
@@ -476,21 +175,18 @@ async def applied_within(queries: CallQueries, event_id: str, timeout_s: float) 
     return True
 
 
-async def _command(
-    door: FrontDoor,
-    record: ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled,
-    *,
-    broadcast: bool = False,
-) -> ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled | Response | None:
+async def command(door: FrontDoor, record: Command, *, broadcast: bool = False) -> Command | None:
+    """Send an operator's command to the ledger: the ledger's confirmation, or ``None`` if it
+    is appended but not confirmed yet. A refusal or an unreachable ledger raises its problem."""
     try:
         answer = await door.client.command(record, broadcast=broadcast)
     except TransportError:
-        return error_response(
+        raise refused(
             ErrorCode.INTERNAL, "The ledger could not be reached.", headers={"Retry-After": "1"}
-        )
+        ) from None
     if isinstance(answer, ToolCallRejected):
         status = 409 if answer.error.code == ErrorCode.APPROVAL_INVALID else None
-        return problem_response(problem(answer.error, status=status))
+        raise ProblemError(problem(answer.error, status=status))
     if answer is None or isinstance(answer, type(record)):
         return answer
-    return error_response(ErrorCode.INTERNAL, "The ledger answered the command unexpectedly.")
+    raise refused(ErrorCode.INTERNAL, "The ledger answered the command unexpectedly.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,15 +27,13 @@ def field_errors(errors: Any) -> list[FieldError]:
     ]
 
 
-def validation_failed(summary: str, errors: list[FieldError]) -> Response:
-    detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors[:5])
-    info = ErrorInfo.of(ErrorCode.VALIDATION_FAILED, f"{summary} {detail}".strip()[:1000])
-    return problem_response(problem(info, errors=errors[:50]))
-
-
-def not_found(detail: str, action: str) -> Response:
-    info = ErrorInfo(code="NOT_FOUND", message=detail, retryable=False, suggested_action=action)
-    return problem_response(problem(info, status=404))
+def json_response(body: Any, status: int = 200) -> Response:
+    """``body`` as compact JSON; values JSON has no type for (dates) as their strings."""
+    return Response(
+        json.dumps(body, separators=(",", ":"), default=str).encode(),
+        status_code=status,
+        media_type=JSON,
+    )
 
 
 def problem_response(p: Problem, headers: Mapping[str, str] | None = None) -> Response:

@@ -17,11 +17,18 @@ CHECKS = (
     "content_type_conformance"
 )
 # Fixed tool and arguments for the calls endpoint, so fuzzed keys, run ids, waits and
-# approval tokens reach the executor instead of failing argument validation.
+# approval tokens reach the executor instead of failing argument validation. The kill switch
+# is fuzzed switching tools on only: the fuzzer learns the tools' names (the document has a
+# path per tool), and a tool it switched off would answer every later call with its
+# documented 503 TOOL_DISABLED, which the no-server-error check counts as a failure.
 CONFIG = """
 [[operations]]
 include-name = "POST /v1/tools/{tool}/calls"
 parameters = { "path.tool" = "flaky_write", "body.arguments" = { payload = "fuzz" } }
+
+[[operations]]
+include-name = "PUT /v1/tools/{tool}/switch"
+parameters = { "body.enabled" = true }
 """
 
 

@@ -1,0 +1,84 @@
+"""Who is calling, as FastAPI dependencies: the bearer token's trusted context (401
+UNAUTHENTICATED otherwise) and the operator scopes (403 FORBIDDEN otherwise).
+
+:data:`bearer` is a security scheme to FastAPI, so every operation that depends on it is
+documented with the ``bearerAuth`` scheme (Swagger UI's Authorize button)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.openapi.models import HTTPBearer
+from fastapi.security.base import SecurityBase
+
+from producers.client import TrustedContext
+from producers.http.auth import AuthFailure
+from producers.http.door import Door, FrontDoor, door_of
+from producers.http.errors import ProblemError, refused
+from schemas.errors import ErrorCode
+
+log = logging.getLogger("toolledger.http")
+
+OPERATOR = "operator"
+GLOBAL_OPERATOR = "operator:global"
+SCHEME = "bearerAuth"  # the security scheme's name in the OpenAPI document
+
+
+def unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) -> ProblemError:
+    """401, counted and logged (never with the token)."""
+    door.auth_failures.labels(failure.reason, failure.kind).inc()
+    log.log(
+        logging.INFO if failure.reason == "missing" else logging.WARNING,
+        "authentication failed",
+        extra={
+            "reason": failure.reason,
+            "token_kind": failure.kind,
+            "method": request.method,
+            "path": request.url.path[:256],
+            "client": request.client.host if request.client else None,
+        },
+    )
+    challenge = "Bearer" if failure.reason == "missing" else 'Bearer error="invalid_token"'
+    return refused(
+        ErrorCode.UNAUTHENTICATED, failure.detail, headers={"WWW-Authenticate": challenge}
+    )
+
+
+class BearerAuthentication(SecurityBase):
+    """``Authorization: Bearer <token>``: the trusted context of the token, checked by the
+    front door's authenticator (the tokens file, and JWTs when configured)."""
+
+    def __init__(self) -> None:
+        self.model = HTTPBearer(
+            description="An opaque token of the tokens file or, where the server verifies "
+            "JWTs, a JWT of the configured issuer.",
+        )
+        self.scheme_name = SCHEME
+
+    async def __call__(self, request: Request) -> TrustedContext:
+        door = await door_of(request)
+        context = door.authenticator_in_force.check(request.headers.get("authorization"))
+        if isinstance(context, AuthFailure):
+            raise unauthenticated(door, request, context)
+        return context
+
+
+bearer = BearerAuthentication()
+Caller = Annotated[TrustedContext, Depends(bearer)]
+
+
+async def operator(context: Caller, door: Door) -> TrustedContext:
+    if OPERATOR not in context.scopes and GLOBAL_OPERATOR not in context.scopes:
+        door.metrics.rejections.labels("-", ErrorCode.FORBIDDEN.value).inc()
+        raise refused(ErrorCode.FORBIDDEN, "This needs the scope 'operator'.")
+    return context
+
+
+Operator = Annotated[TrustedContext, Depends(operator)]
+
+
+def tenant_of(context: TrustedContext) -> str | None:
+    """The tenant an operator acts on: its own, or every tenant (``None``) for a global one."""
+    return None if GLOBAL_OPERATOR in context.scopes else context.tenant_id

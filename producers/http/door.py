@@ -1,0 +1,78 @@
+"""The front door: what the HTTP API needs, built by the composition root for a backend, and
+the dependency every route reaches it through (``app.state.door``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from prometheus_client import Counter
+
+from producers.client import LedgerClient
+from producers.governance import DEFAULT_TOKEN_TTL
+from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore, failure_counter
+from producers.http.governance import RunBudget, SwitchCache
+from producers.http.jwt_auth import JwtAuthenticator
+from producers.http.metrics import Metrics
+from producers.http.ratelimit import RateLimiter
+from schemas.calls import CallQueries
+
+
+def _no_digest(_arguments: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    name: str
+    keyed: bool  # needs an Idempotency-Key (mutation, long_running)
+    manifest: dict[str, Any]
+    # the args digest the executor will compute (None: invalid, the executor refuses them)
+    digest: Callable[[Any], str | None] = _no_digest
+
+
+@dataclass
+class FrontDoor:
+    """What the HTTP API needs; the composition root builds it for a backend."""
+
+    client: LedgerClient
+    queries: CallQueries
+    tools: Mapping[str, ToolInfo]
+    tokens: TokenStore  # the tokens file (the MCP server authenticates with it too)
+    ready: Callable[[], Awaitable[dict[str, bool]]]
+    key_retention: str = "forever"
+    metrics: Metrics = field(default_factory=Metrics)
+    limiter: RateLimiter | None = None
+    # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)
+    authenticator: Authenticator | None = None
+    budget: RunBudget | None = field(default_factory=RunBudget)
+    approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
+    switch_cache: SwitchCache = field(default_factory=SwitchCache)
+    auth_failures: Counter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.auth_failures = failure_counter(self.metrics.registry)
+
+    @property
+    def authenticator_in_force(self) -> Authenticator:
+        return self.tokens if self.authenticator is None else self.authenticator
+
+    @property
+    def accepts_jwts(self) -> bool:
+        """Whether bearer tokens may be JWTs (verified against a JWKS file)."""
+        auth = self.authenticator
+        if isinstance(auth, CombinedAuthenticator):
+            return auth.jwt is not None
+        return isinstance(auth, JwtAuthenticator)
+
+
+async def door_of(request: Request) -> FrontDoor:
+    """The front door of the app serving ``request``."""
+    door: FrontDoor = request.app.state.door
+    return door
+
+
+Door = Annotated[FrontDoor, Depends(door_of)]

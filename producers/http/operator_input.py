@@ -1,0 +1,83 @@
+"""What an operator's request says, read by FastAPI dependencies: a small JSON body (400, 413),
+an approval request that exists in the operator's reach (404) and is still pending (409), and
+a tool that can be switched (404)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+
+from producers.http.access import Operator, tenant_of
+from producers.http.door import Door
+from producers.http.errors import ProblemError, invalid, not_found, refused
+from producers.http.problems import problem
+from producers.http.responses import field_errors, read_capped
+from producers.http.validation import body_fix
+from schemas.calls import ApprovalView
+from schemas.errors import ErrorCode, ErrorInfo
+
+MAX_OPERATOR_BODY = 16 << 10
+APPROVAL_ID = re.compile(r"apr_[0-9a-f]{24}")
+_LIST_THEM = "List them with GET /v1/approval-requests?status=pending."
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def json_body(model: type[Model]) -> Callable[[Request], Awaitable[Model]]:
+    """A dependency reading the body as ``model`` (an empty body is ``{}``)."""
+
+    async def read(request: Request) -> Model:
+        raw = await read_capped(request, MAX_OPERATOR_BODY)
+        if raw is None:
+            raise refused(
+                ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {MAX_OPERATOR_BODY} bytes."
+            )
+        try:
+            return model.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            errors = field_errors(exc.errors())
+            action = body_fix(errors, again="send the request again")
+            raise invalid("The body is invalid:", errors, action) from None
+
+    return read
+
+
+async def approval(approval_id: str, door: Door, context: Operator) -> ApprovalView:
+    view = None
+    if APPROVAL_ID.fullmatch(approval_id):  # anything else was never handed out
+        now = datetime.now(UTC)
+        view = await door.queries.approval(tenant_of(context), approval_id, now=now)
+    if view is None:  # another tenant's request is not found, never forbidden
+        raise not_found("No approval request with this id.", _LIST_THEM)
+    return view
+
+
+async def pending_approval(view: Annotated[ApprovalView, Depends(approval)]) -> ApprovalView:
+    if view.status != "pending":
+        raise ProblemError(
+            problem(
+                ErrorInfo.of(
+                    ErrorCode.APPROVAL_INVALID,
+                    f"The approval request is {view.status}: it cannot be decided again.",
+                ),
+                status=409,
+            )
+        )
+    return view
+
+
+async def switchable_tool(tool: str, door: Door) -> str:
+    """A registered tool, or ``*`` (every tool)."""
+    if tool != "*" and tool not in door.tools:
+        raise refused(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {tool!r}.")
+    return tool
+
+
+Approval = Annotated[ApprovalView, Depends(approval)]
+PendingApproval = Annotated[ApprovalView, Depends(pending_approval)]
+SwitchableTool = Annotated[str, Depends(switchable_tool)]

@@ -1,0 +1,27 @@
+"""The API's routes, one router per resource."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from producers.http.routes import (
+    approvals,
+    calls,
+    health,
+    problem_pages,
+    stats,
+    switches,
+    tool_calls,
+    tools,
+)
+
+ROUTERS: tuple[APIRouter, ...] = (
+    tool_calls.router,
+    approvals.router,
+    switches.router,
+    stats.router,
+    calls.router,
+    tools.router,
+    health.router,
+    problem_pages.router,
+)

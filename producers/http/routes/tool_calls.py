@@ -1,0 +1,54 @@
+"""``POST /v1/tools/{tool}/calls``: a tool call, executed at most once per idempotency key.
+
+Refused before anything is appended, in this order: authentication (401), the tool (404), the
+body (400, 413), the key (400), then, audited with the key left unused, the tool's scopes (403),
+the rate limits (429), the kill switch and the run budget (503, 422)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from producers.http.access import Caller
+from producers.http.call_admission import Admitted
+from producers.http.call_answer import answer, queued_probe
+from producers.http.call_input import Body, Key, KnownTool, Started, Wait
+from producers.http.door import Door
+from producers.http.models import CallBody
+from producers.http.openapi import CALLS_PATH, call_responses, request_body
+
+router = APIRouter(tags=["tool calls"])
+
+
+@router.post(
+    CALLS_PATH,
+    operation_id="callTool",
+    responses=call_responses(),
+    openapi_extra=request_body(CallBody.model_json_schema()),
+)
+async def call_tool(
+    started: Started,
+    door: Door,
+    context: Caller,
+    info: KnownTool,
+    body: Body,
+    key: Key,
+    _admitted: Admitted,
+    wait: Wait,
+) -> Response:
+    result = await door.client.call(
+        info.name,
+        body.arguments,
+        idempotency_key=key,
+        context=context,
+        wait=wait,
+        run_id=body.run_id,
+        step_id=body.step_id,
+        approval_token=body.approval_token,
+        queued=queued_probe(door, context, info, body.arguments) if key else None,
+    )
+    response = await answer(door, context, info.name, key, result, wait)
+    door.metrics.observe(info.name, response.status_code, result, time.monotonic() - started)
+    return response

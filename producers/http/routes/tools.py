@@ -1,0 +1,27 @@
+"""``GET /v1/tools``: the registered tools' manifests (what they do, their effect and risk,
+their arguments and result schemas), and the ledger's default key retention."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from producers.http.access import Caller
+from producers.http.door import Door
+from producers.http.models import ToolPage
+from producers.http.openapi import ERRORS
+from producers.http.responses import JSON
+
+router = APIRouter(tags=["tools"])
+
+
+@router.get("/v1/tools", operation_id="listTools", responses={200: {"model": ToolPage}, **ERRORS})
+async def list_tools(door: Door, context: Caller) -> Response:
+    body = {
+        "items": [t.manifest for t in door.tools.values()],
+        "next_cursor": None,
+        "key_retention": door.key_retention,
+    }
+    return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
