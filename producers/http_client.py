@@ -151,15 +151,22 @@ class HttpLedgerClient:
             return _result_of(response, call_id)
 
     async def tools(self) -> list[RemoteTool]:
-        """The server's tools (``GET /v1/tools``), as the adapters take them."""
-        response = await self._send("GET", "/v1/tools")
-        page = _json(response)
-        if response.status_code != 200:
-            raise TransportError(f"{self.url}/v1/tools answered {response.status_code}: {page}")
-        return [
-            RemoteTool(t["name"], bool(t.get("idempotency_key_required")), t)
-            for t in page.get("tools", [])
-        ]
+        """The server's tools (``GET /v1/tools``, every page), as the adapters take them."""
+        tools: list[RemoteTool] = []
+        params: dict[str, str] = {}
+        while True:
+            response = await self._send("GET", "/v1/tools", params=params)
+            page = _json(response)
+            if response.status_code != 200:
+                raise TransportError(f"{response.url} answered {response.status_code}: {page}")
+            tools.extend(
+                RemoteTool(t["name"], bool(t.get("idempotency_key_required")), t)
+                for t in page.get("items", [])
+            )
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return tools
+            params = {"cursor": str(cursor)}
 
     async def get_call(self, call_id: str) -> dict[str, Any] | None:
         """The Call resource (``GET /v1/calls/{id}``), or None if this tenant has no such call."""

@@ -42,7 +42,7 @@ from producers.adapters import (
     result_text,
     runtime_keyed_description,
 )
-from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.client import Caller, CallResult, TrustedContext
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode
 
@@ -88,7 +88,7 @@ def tool_result(block: ToolUseBlock, result: CallResult) -> ToolResultBlockParam
 
 async def execute_tool_use(
     block: ToolUseBlock,
-    client: LedgerClient,
+    client: Caller,
     tools: Mapping[str, ToolSpec] | Iterable[ToolSpec],
     context: TrustedContext,
     run_id: str,
@@ -129,7 +129,7 @@ async def execute_tool_use(
 
 async def execute_tool_uses(
     content: Iterable[object],
-    client: LedgerClient,
+    client: Caller,
     tools: Mapping[str, ToolSpec] | Iterable[ToolSpec],
     context: TrustedContext,
     run_id: str,

@@ -45,7 +45,7 @@ from producers.adapters import (
     result_text,
     runtime_keyed_description,
 )
-from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.client import Caller, CallResult, TrustedContext
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode
 
@@ -87,7 +87,7 @@ def ledger_run_of(tool_context: ToolContext[Any]) -> LedgerRun:
 
 
 def function_tool(
-    client: LedgerClient, spec: ToolSpec, *, wait: float | None = None
+    client: Caller, spec: ToolSpec, *, wait: float | None = None
 ) -> FunctionTool:
     """One ledger tool as a ``FunctionTool``: the manifest's argument schema (no key
     argument), and an ``on_invoke_tool`` that runs the call through ``client``. It returns
@@ -114,7 +114,7 @@ def function_tool(
 
 
 def function_tools(
-    client: LedgerClient,
+    client: Caller,
     tools: Mapping[str, ToolSpec] | Iterable[ToolSpec],
     *,
     wait: float | None = None,
@@ -123,7 +123,7 @@ def function_tools(
 
 
 async def _call(
-    client: LedgerClient,
+    client: Caller,
     tool: str,
     keyed: bool,
     raw_arguments: str,

@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK and Anthropic adapters, driven through the SDKs' own objects against
-an embedded ledger (no network, no model): keys come from the run and step, never from the
-provider's tool-call id, so a retried turn executes once."""
+an embedded ledger (no model), once in-process and once through the HTTP transport and the
+HTTP API: keys come from the run and step, never from the provider's tool-call id, so a
+retried turn executes once."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from producers.adapters.anthropic import (
     tool_definitions,
 )
 from producers.adapters.openai_agents import LedgerRun, function_tools
-from producers.client import LedgerClient, TrustedContext
+from producers.client import Caller, TrustedContext
 from producers.keys import derive_idempotency_key
+from tests.over_http import over_http
 from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
 
@@ -36,19 +38,27 @@ GLOBEX = TrustedContext("globex", "agent-g")
 
 @dataclass
 class Setup:
-    client: LedgerClient
+    client: Caller
     store: HelpdeskStore
     tools: dict[str, ToolSpec]
 
 
-@pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
+@pytest.fixture(params=["in-process", "http"])
+async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     registry = helpdesk_registry(store)
-    tools: dict[str, ToolSpec] = dict(tool_infos(registry))
     try:
         async with EmbeddedLedger(tmp_path / "ledger.db", registry, create=True) as ledger:
-            yield Setup(ledger.client, store, tools)
+            if request.param == "in-process":
+                yield Setup(ledger.client, store, dict(tool_infos(registry)))
+                return
+            client = over_http(ledger, lambda: registry)
+            try:
+                # over HTTP the adapters take the tools as GET /v1/tools lists them
+                listed = await client.tools(ACME)
+                yield Setup(client, store, {t.name: t for t in listed})
+            finally:
+                await client.close()
     finally:
         store.close()
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
 
 from producers import governance
 from producers.client import CallResult, TrustedContext
@@ -17,7 +21,17 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
+from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
 from tests.contract.harness import ACME, GLOBEX, Harness
+
+
+@pytest.fixture(params=IN_PROCESS_BACKENDS)
+async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """These tests take the approval request from the call's own event: in-process only (the
+    HTTP API's approvals have their suite in tests/http/test_governance.py)."""
+    async for harness in open_harness(request, tmp_path):
+        yield harness
+
 
 CHARGE = {"customer_id": "cus_secret_42", "amount_cents": 1250, "currency": "EUR"}
 
