@@ -1,6 +1,7 @@
 """The ledger core stays pure: no I/O, no clock, no randomness, no uuid4, no drivers.
 
-Every ``.py`` file in ``processors/ledger/`` is parsed with :mod:`ast`; a forbidden import or a
+Every ``.py`` file in ``processors/ledger/`` and ``processors/groups/`` (the call groups' core)
+is parsed with :mod:`ast`; a forbidden import or a
 reference to a forbidden callable fails the test with file, line and what was found.
 """
 
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+import processors.groups
 import processors.ledger
 
 LEDGER_DIR = Path(processors.ledger.__file__).resolve().parent
+GROUPS_DIR = Path(processors.groups.__file__).resolve().parent
 
 FORBIDDEN_MODULES = frozenset({
     "asyncio", "time", "uuid", "random", "os", "socket", "sqlite3", "threading", "subprocess",
@@ -67,7 +70,7 @@ def impurities(source: str, filename: str = "<string>") -> list[str]:
 
 
 def _ledger_files() -> list[Path]:
-    return sorted(LEDGER_DIR.glob("*.py"))
+    return sorted([*LEDGER_DIR.glob("*.py"), *GROUPS_DIR.glob("*.py")])
 
 
 def test_the_ledger_package_has_the_expected_modules() -> None:
@@ -75,7 +78,7 @@ def test_the_ledger_package_has_the_expected_modules() -> None:
     assert {"__init__.py", "commands.py", "decide.py", "evolve.py", "state.py"} <= names
 
 
-@pytest.mark.parametrize("path", _ledger_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _ledger_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_ledger_module_is_pure(path: Path) -> None:
     assert impurities(path.read_text(encoding="utf-8"), str(path)) == []
 
