@@ -132,8 +132,9 @@ def switch(
 
 
 def approval_request_json(event: ApprovalRequested) -> dict[str, Any]:
-    """The approval request of an ``APPROVAL_REQUIRED`` answer (DESIGN section 11's shape, as
-    ``schemas.calls.ApprovalView.to_json`` renders it), from the answering event."""
+    """The approval request of an ``APPROVAL_REQUIRED`` answer (the shape of
+    docs/architecture.md#the-http-contract, as ``schemas.calls.ApprovalView.to_json`` renders
+    it), from the answering event."""
     env = event.envelope
     impact = json.loads(event.impact_json)
     return {

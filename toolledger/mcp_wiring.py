@@ -112,8 +112,9 @@ def queued_probes(
     door: FrontDoor,
 ) -> Callable[[TrustedContext, str, Mapping[str, Any]], QueuedProbe]:
     """For a keyed MCP call: whether another intent holds its key with the same arguments and
-    is still running, read from ``door``'s projection, as the HTTP API asks (DESIGN section
-    11). The ledger client asks only once the call's wait has run out; then the call is
+    is still running, read from ``door``'s projection, as the HTTP API asks
+    (docs/architecture.md#the-http-contract). The ledger client asks only once the call's
+    wait has run out; then the call is
     answered ``IDEMPOTENCY_KEY_IN_USE`` (over MCP with ``idempotencyKey``: SEP-3182's
     ``idempotency_key_in_progress``) instead of waiting on for the running call's outcome.
     Arguments that differ from the key's first ones are never "in use": the executor refuses

@@ -1,4 +1,7 @@
-"""What a tool must declare before it may run automatically (DESIGN section 7)."""
+"""What a tool must declare before it may run automatically.
+
+See docs/architecture.md#tools-policy-and-the-executor-stages.
+"""
 
 from __future__ import annotations
 

@@ -1,1 +1,4 @@
-"""The HTTP front door (FastAPI): the Idempotency-Key contract of DESIGN section 11."""
+"""The HTTP front door (FastAPI): the Idempotency-Key contract.
+
+See docs/architecture.md#the-http-contract.
+"""

@@ -85,7 +85,8 @@ def queued_probe(
     door: FrontDoor, context: TrustedContext, info: ToolInfo, arguments: dict[str, Any]
 ) -> Callable[[str, str], Awaitable[bool]]:
     """Whether another intent holds the key with these same arguments and is running: then
-    this call, queued behind it, is answered 409 when its wait runs out (DESIGN section 11).
+    this call, queued behind it, is answered 409 when its wait runs out
+    (docs/architecture.md#the-http-contract).
     Arguments that differ from the key's first ones are never "in use": the executor refuses
     them at once with 422, and the caller waits for that answer. Asked only once a wait has
     run out, so the digest is computed only then."""

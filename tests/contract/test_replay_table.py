@@ -1,4 +1,4 @@
-"""The replay contract of DESIGN section 3, on every backend."""
+"""The replay contract of docs/architecture.md#states-and-the-replay-contract, on every backend."""
 
 from __future__ import annotations
 

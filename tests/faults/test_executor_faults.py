@@ -1,4 +1,7 @@
-"""Crash and fault tests of the executor on the real broker (DESIGN section 5, issue 3)."""
+"""Crash and fault tests of the executor on the real broker.
+
+See docs/architecture.md#the-kafka-path.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The replay contract of the Idempotency-Key header (issue 4, DESIGN section 11)."""
+"""The replay contract of the Idempotency-Key header (docs/architecture.md#the-http-contract)."""
 
 from __future__ import annotations
 
