@@ -25,6 +25,7 @@ from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
 from projections.sqlite import SqliteProjection
 from schemas.events import Event
+from toolledger.groups import EmbeddedGroups
 
 log = logging.getLogger("toolledger.embedded")
 
@@ -81,6 +82,7 @@ class EmbeddedLedger:
         )
         self.log: SqliteLog | None = None
         self.runtime: EmbeddedRuntime | None = None
+        self.groups: EmbeddedGroups | None = None
 
     async def start(self) -> EmbeddedLedger:
         self.log = SqliteLog(
@@ -112,6 +114,9 @@ class EmbeddedLedger:
         except BaseException:
             self.log.close()
             raise
+        # call groups: their orchestrator drives again what had not finished
+        self.groups = EmbeddedGroups(self.log, self.client, lambda: self.registry)
+        await self.groups.start()
         return self
 
     def writable(self) -> bool:
@@ -142,6 +147,9 @@ class EmbeddedLedger:
         that long to finish and commit (a call still running then is recovered as UNKNOWN at
         the next start, as after a crash); without it, in-flight work is cancelled at once."""
         try:
+            if self.groups is not None:
+                await self.groups.stop()  # recorded decisions are driven again at the start
+                self.groups = None
             if self.runtime is not None:
                 if grace_s > 0:
                     try:

@@ -41,9 +41,7 @@ DEFAULT_INTENTS_RETENTION = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S)
 
 
 def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
-    return {
-        t.name: ToolInfo(t.name, t.keyed, registry.manifest(t), t.digest_of) for t in registry
-    }
+    return {t.name: ToolInfo(t.name, t.keyed, registry.manifest(t), t.digest_of) for t in registry}
 
 
 def authenticator(
@@ -185,7 +183,9 @@ async def embedded_door(
 
         calls = SqliteCalls(ledger.log.conn, path=ledger_file)
         try:
-            yield door(ledger.client, calls, ready)
+            front = door(ledger.client, calls, ready)
+            front.groups = ledger.groups
+            yield front
         finally:
             calls.close()
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel
 
+from processors.groups.facts import Compensation
 from processors.ledger.commands import Found, NotHappened, ReconcileOutcome
 from processors.tools.manifest import (
     ApprovalRule,
@@ -196,7 +197,7 @@ class ToolOptions(TypedDict, total=False):
     approval: ApprovalRule
     key_retention: timedelta | Literal["forever"]
     describe_impact: Callable[[Any], Impact]
-    compensation: str
+    compensate: Compensation  # how a group undoes a completed call (a tool, an args function)
 
 
 def build_tool(
@@ -222,7 +223,7 @@ def build_tool(
         risk=RiskTier(options.get("risk", RiskTier.LOW)),
         timeout_s=options.get("timeout_s", 10.0),
         retry=options.get("retry", RetryPolicy()),
-        compensation=options.get("compensation"),
+        compensate=options.get("compensate"),
         redact_fields=frozenset(options.get("redact_fields", ())),
         scopes=frozenset(options.get("scopes", ("tools:call",))),
         open_world=options.get("open_world", True),

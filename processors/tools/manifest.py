@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from processors.groups.facts import Compensation
 from processors.ledger.commands import Policy, ReconcileOutcome
 from schemas.canonical import CanonicalJsonError, args_digest
 from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
@@ -161,7 +162,10 @@ class Tool:
     timeout_s: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     reconcile: ReconcileHook | None = None
-    compensation: str | None = None
+    compensation: str | None = None  # the compensating tool's name, shown in the manifest
+    # how a completed call is undone when its call group fails: a tool and a function from the
+    # call's (arguments, result) to the compensating call's arguments
+    compensate: Compensation | None = None
     redact_fields: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset({"tools:call"})
     open_world: bool = True  # talks to a system outside the ledger (MCP's openWorldHint)
@@ -230,7 +234,7 @@ class Tool:
             },
             "open_world": self.open_world,
             "reconcile": self.reconcile is not None,
-            "compensation": self.compensation,
+            "compensation": self.compensate.tool if self.compensate else self.compensation,
             "idempotency_key_required": self.keyed,
             "redact_fields": sorted(self.redact_fields),
             "scopes": sorted(self.scopes),

@@ -3,10 +3,10 @@ the dependency every route reaches it through (``app.state.door``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from prometheus_client import Counter
@@ -19,6 +19,7 @@ from producers.http.jwt_auth import JwtAuthenticator
 from producers.http.metrics import Metrics
 from producers.http.ratelimit import RateLimiter
 from schemas.calls import CallQueries
+from schemas.groups import GroupAnswer, GroupView
 
 
 def _no_digest(_arguments: Any) -> str | None:
@@ -32,6 +33,29 @@ class ToolInfo:
     manifest: dict[str, Any]
     # the args digest the executor will compute (None: invalid, the executor refuses them)
     digest: Callable[[Any], str | None] = _no_digest
+
+
+class GroupService(Protocol):
+    """Call groups, as the composition root runs them for a backend."""
+
+    async def submit(
+        self,
+        *,
+        tenant_id: str,
+        principal: str,
+        scopes: Sequence[str],
+        group_key: str,
+        body: Any,
+        wait_s: float,
+    ) -> GroupAnswer: ...
+
+    async def resume(
+        self, tenant_id: str, group_id: str, tokens: Mapping[str, str], wait_s: float
+    ) -> GroupAnswer: ...
+
+    def view(self, tenant_id: str, group_id: str) -> GroupView | None: ...
+
+    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...
 
 
 @dataclass
@@ -51,6 +75,7 @@ class FrontDoor:
     budget: RunBudget | None = field(default_factory=RunBudget)
     approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
     switch_cache: SwitchCache = field(default_factory=SwitchCache)
+    groups: GroupService | None = None  # None: this backend has no group orchestrator
     auth_failures: Counter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

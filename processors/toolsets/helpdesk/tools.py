@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Mapping
 from functools import partial
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from processors.groups import Compensation
 from processors.ledger import Found, NotHappened, ReconcileOutcome
 from processors.tools.manifest import (
     EffectClass,
@@ -204,6 +206,10 @@ def _charge_impact(args: ChargeCardArgs) -> Impact:
     )
 
 
+def _close_opened_ticket(_arguments: Mapping[str, Any], result: Any) -> dict[str, Any]:
+    return {"ticket_id": result["ticket_id"]}
+
+
 _REPLAY = (
     "Calling again with the same idempotency key and arguments returns the stored "
     "outcome without running it again; the same key with other arguments is refused."
@@ -227,6 +233,8 @@ def helpdesk_registry(
             result=TicketRef,
             handler=desk.create_ticket,
             reconcile=desk.reconciler(TicketRef, "ticket_id"),
+            # in a call group that fails, an opened ticket is closed again
+            compensate=Compensation("close_ticket", _close_opened_ticket),
             description=ToolDescription(
                 "Open a support ticket.",
                 "A customer problem needs tracking.",

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from producers.http.routes import (
     approvals,
     calls,
+    groups,
     health,
     problem_pages,
     stats,
@@ -21,6 +22,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     switches.router,
     stats.router,
     calls.router,
+    groups.router,
     tools.router,
     health.router,
     problem_pages.router,

@@ -1,0 +1,73 @@
+"""The group resource built from a group's state (pure: time comes in as data)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from processors.groups.codec import completion_json
+from processors.groups.core import GroupFinished, GroupState, StepStatus, step_status
+from processors.groups.definition import compensation_key, step_key
+from schemas.groups import CompensationView, GroupStepView, GroupView
+from schemas.keys import CallKey, call_id_of
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMeta:
+    """Who submitted the group and when: what its calls run as, after a restart too."""
+
+    group_id: str
+    tenant_id: str
+    principal: str
+    scopes: tuple[str, ...]
+    group_key: str
+    created_at: datetime
+
+
+def group_view(meta: GroupMeta, state: GroupState, updated_at: datetime) -> GroupView:
+    definition = state.definition
+    steps = []
+    for step in definition.steps:
+        record = state.step(step.id)
+        status = step_status(state, step.id)
+        call_id = None
+        if record.call.started and step.facts.keyed:
+            key = step_key(meta.group_key, step.id)
+            call_id = call_id_of(str(CallKey(meta.tenant_id, step.tool, key)))
+        compensation = None
+        spec = step.facts.compensation
+        if spec is not None and record.compensation.started:
+            key = compensation_key(meta.group_key, step.id)
+            compensation = CompensationView(
+                status=record.compensation.status.value,
+                call_id=call_id_of(str(CallKey(meta.tenant_id, spec.tool, key))),
+            )
+        blocked = record.call.status is StepStatus.BLOCKED and status is StepStatus.BLOCKED
+        steps.append(
+            GroupStepView(
+                id=step.id,
+                tool=step.tool,
+                status=status.value,
+                call_id=call_id,
+                result=json.loads(record.call.result_json) if record.call.result_json else None,
+                error=record.call.error,
+                depends_on=list(step.depends_on),
+                compensation=compensation,
+                approval_request={"id": record.call.approval_request_id} if blocked else None,
+            )
+        )
+    point = None
+    if state.finished is not None and state.completion is not None:
+        point = completion_json(GroupFinished(state.finished, state.completion))
+    return GroupView(
+        group_id=meta.group_id,
+        status=state.status.value,
+        run_id=definition.run_id,
+        on_failure=definition.on_failure.value,
+        idempotency_key=meta.group_key,
+        created_at=meta.created_at,
+        updated_at=updated_at,
+        steps=steps,
+        completion_point=point,
+    )

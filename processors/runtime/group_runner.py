@@ -1,0 +1,350 @@
+"""The group orchestrator: drives call groups by the pure core's decisions.
+
+Each decision is recorded on the group log *before* it is acted on, and each step is an
+ordinary ledgered call under a key derived from the group key and the step id. So a runner
+that crashes and starts again folds the log, decides again, and asks the ledger again about
+the calls in flight: a call with the same key and arguments is answered by the ledger (a
+replay, or the running call's outcome) and never runs twice. That is also how a group
+resumes from its completion point.
+
+Timeline of one step::
+
+    decide -> StartStep ─ append StepStarted ─ call(key, args) ─ ... ─ answer
+                                                                  └─ append StepFinished
+    crash anywhere: fold the log, in_flight() names the call, call(key, args) again
+
+Only one runner drives a group at a time: the embedded ledger has one (in the process that
+holds the file's lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from processors.groups import (
+    CompensationFinished,
+    GroupEvent,
+    GroupResumed,
+    GroupState,
+    GroupSubmitted,
+    InvalidGroup,
+    StartCompensation,
+    StartStep,
+    StepFinished,
+    StepStatus,
+    StepTool,
+    decide,
+    event_of,
+    evolve,
+    fold,
+    in_flight,
+    parse_group,
+    resumable,
+)
+from processors.groups.codec import GroupDecodeError, decode_event, encode_event
+from processors.groups.views import GroupMeta, group_view
+from schemas.errors import ErrorCode, ErrorInfo
+from schemas.groups import GroupAnswer, GroupView, group_id_for
+from schemas.status import CallStatus
+
+log = logging.getLogger("toolledger.groups")
+
+DEFAULT_MAX_PARALLEL = 8
+STEP_WAIT_S = 30.0  # one ask of the ledger; a call still running is asked again
+REASK_BACKOFF_S = (0.05, 0.2, 1.0, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    tool: str
+    arguments: Mapping[str, Any]
+    idempotency_key: str | None
+    meta: GroupMeta
+    run_id: str
+    step_id: str
+    approval_token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepAnswer:
+    """The ledger's answer: ``status`` None for a refusal before execution (``error`` says
+    why; ``approval_request_id`` when it is APPROVAL_REQUIRED)."""
+
+    status: CallStatus | None
+    result_json: str | None = None
+    error: ErrorInfo | None = None
+    approval_request_id: str | None = None
+
+
+StepCaller = Callable[[StepCall], Awaitable[StepAnswer]]
+
+
+class GroupLog(Protocol):
+    """Where group events are kept; ``append`` also updates the group's projection rows (the
+    view), in the same transaction."""
+
+    def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None: ...
+
+    def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None: ...
+
+    def unfinished(self) -> list[str]: ...
+
+
+Clock = Callable[[], datetime]
+Start = StartStep | StartCompensation
+
+
+@dataclass
+class _Group:
+    meta: GroupMeta
+    state: GroupState
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    tokens: dict[str, str] = field(default_factory=dict)  # step id -> approval token
+    task: asyncio.Task[None] | None = None
+
+
+class GroupRunner:
+    def __init__(
+        self,
+        group_log: GroupLog,
+        call: StepCaller,
+        tools: Callable[[], Mapping[str, StepTool]],
+        *,
+        max_parallel: int = DEFAULT_MAX_PARALLEL,
+        max_steps: int = 100,
+        clock: Clock = lambda: datetime.now(UTC),
+    ) -> None:
+        self._log = group_log
+        self._call = call
+        self._tools = tools
+        self._max_parallel = max_parallel
+        self._max_steps = max_steps
+        self._clock = clock
+        self._groups: dict[str, _Group] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- the front door's side ---------------------------------------------------------------
+
+    async def submit(
+        self,
+        *,
+        tenant_id: str,
+        principal: str,
+        scopes: Sequence[str],
+        group_key: str,
+        body: Any,
+        wait_s: float,
+    ) -> GroupAnswer:
+        definition = parse_group(body, self._tools(), max_steps=self._max_steps)
+        if isinstance(definition, InvalidGroup):
+            return GroupAnswer(error=definition.error, field_errors=definition.field_errors)
+        group_id = group_id_for(tenant_id, group_key)
+        async with self._lock(group_id):
+            group = self._loaded(group_id)
+            if group is not None:
+                if group.state.definition.digest != definition.digest:
+                    return GroupAnswer(
+                        error=ErrorInfo.of(
+                            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                            "This idempotency key was used for another group definition.",
+                        )
+                    )
+                return GroupAnswer(await self._wait(group, wait_s), replayed=True)
+            now = self._clock()
+            meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
+            group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)))
+            submitted = encode_event(GroupSubmitted(group_key, definition))
+            self._log.append(meta, [submitted], self._view(group))
+            self._groups[group_id] = group
+            self._drive(group)
+        return GroupAnswer(await self._wait(group, wait_s))
+
+    async def resume(
+        self, tenant_id: str, group_id: str, tokens: Mapping[str, str], wait_s: float
+    ) -> GroupAnswer:
+        """Continue a BLOCKED or FAILED group from its completion point; ``tokens``: approval
+        tokens by step id, for the steps that waited for an approval."""
+        async with self._lock(group_id):
+            group = self._loaded(group_id)
+            if group is None or group.meta.tenant_id != tenant_id:
+                return GroupAnswer(error=_not_found(group_id))
+            if not resumable(group.state):
+                return GroupAnswer(
+                    view=self._view(group),
+                    error=ErrorInfo(
+                        code="GROUP_NOT_RESUMABLE",
+                        message=f"The group is {group.state.status.value}: only a BLOCKED or "
+                        "FAILED group can be resumed.",
+                        retryable=False,
+                        suggested_action="Read the group: it is running or has finished.",
+                    ),
+                )
+            group.tokens.update(tokens)
+            self._record(group, [GroupResumed()])
+            self._drive(group)
+        return GroupAnswer(await self._wait(group, wait_s))
+
+    def view(self, tenant_id: str, group_id: str) -> GroupView | None:
+        group = self._loaded(group_id)
+        if group is None or group.meta.tenant_id != tenant_id:
+            return None
+        return self._view(group)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Drive again every group that had not finished (after a stop or a crash)."""
+        for group_id in self._log.unfinished():
+            group = self._loaded(group_id)
+            if group is not None:
+                self._drive(group)
+
+    async def stop(self) -> None:
+        tasks = [g.task for g in self._groups.values() if g.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(group_id, asyncio.Lock())
+
+    def _loaded(self, group_id: str) -> _Group | None:
+        group = self._groups.get(group_id)
+        if group is not None:
+            return group
+        stored = self._log.load(group_id)
+        if stored is None:
+            return None
+        meta, texts = stored
+        try:
+            events = [decode_event(t, self._tools(), self._max_steps) for t in texts]
+        except GroupDecodeError as exc:
+            log.error("group %s cannot be read: %s", group_id, exc)
+            return None
+        state = fold(events)
+        assert state is not None
+        group = self._groups[group_id] = _Group(meta, state)
+        return group
+
+    def _view(self, group: _Group) -> GroupView:
+        return group_view(group.meta, group.state, self._clock())
+
+    def _record(self, group: _Group, events: Sequence[GroupEvent]) -> None:
+        """Apply and append ``events`` (one transaction), then wake the waiters."""
+        state = group.state
+        for event in events:
+            state = evolve(state, event)
+        group.state = state
+        self._log.append(group.meta, [encode_event(e) for e in events], self._view(group))
+        asyncio.get_running_loop().create_task(_notify(group.changed))
+
+    async def _wait(self, group: _Group, wait_s: float) -> GroupView:
+        """The group once it has finished or is blocked, or as it is when the wait ends."""
+
+        def settled() -> bool:
+            status = group.state.status.value
+            return (
+                group.state.finished is not None
+                or status == "BLOCKED"
+                or (group.task is None or group.task.done())
+            )
+
+        async with group.changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(group.changed.wait_for(settled), max(0.0, wait_s))
+        return self._view(group)
+
+    def _drive(self, group: _Group) -> None:
+        if group.task is None or group.task.done():
+            group.task = asyncio.get_running_loop().create_task(self._run(group))
+
+    async def _run(self, group: _Group) -> None:
+        running: dict[asyncio.Task[StepAnswer], Start] = {}
+        try:
+            for start in in_flight(group.state):  # asked again after a restart
+                running[self._ask(group, start)] = start
+            while True:
+                for action in decide(group.state, self._max_parallel):
+                    self._record(group, [event_of(action)])
+                    if isinstance(action, StartStep | StartCompensation):
+                        running[self._ask(group, action)] = action
+                if not running:
+                    return  # finished, blocked or failed: a resume drives it again
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self._record(group, [_finished(running.pop(task), task.result())])
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            raise
+        except Exception:
+            log.exception("group %s stopped on an error", group.meta.group_id)
+        finally:
+            await _notify(group.changed)
+
+    def _ask(
+        self, group: _Group, action: StartStep | StartCompensation
+    ) -> asyncio.Task[StepAnswer]:
+        token = group.tokens.pop(action.step_id, None) if action.approval_request_id else None
+        call = StepCall(
+            action.tool,
+            action.arguments,
+            action.idempotency_key,
+            group.meta,
+            group.state.definition.run_id,
+            action.key_suffix,
+            token,
+        )
+        return asyncio.get_running_loop().create_task(self._settled(call))
+
+    async def _settled(self, call: StepCall) -> StepAnswer:
+        """Ask the ledger until the call has an outcome (same key, same arguments: a running
+        call is waited for, an UNKNOWN one is reconciled by the ledger, never re-run blind)."""
+        attempt = 0
+        while True:
+            answer = await self._call(call)
+            if answer.status not in (CallStatus.PENDING, CallStatus.UNKNOWN):
+                return answer
+            await asyncio.sleep(REASK_BACKOFF_S[min(attempt, len(REASK_BACKOFF_S) - 1)])
+            attempt += 1
+
+
+def _finished(action: Start, answer: StepAnswer) -> GroupEvent:
+    if answer.status is None:
+        assert answer.error is not None
+        if answer.approval_request_id is not None:
+            status = StepStatus.BLOCKED
+        else:
+            status = (
+                StepStatus.FAILED_RETRYABLE if answer.error.retryable else StepStatus.FAILED_FINAL
+            )
+    else:
+        status = StepStatus.of_call(answer.status)
+    finished = StepFinished if isinstance(action, StartStep) else CompensationFinished
+    return finished(
+        action.step_id, status, answer.result_json, answer.error, answer.approval_request_id
+    )
+
+
+async def _notify(condition: asyncio.Condition) -> None:
+    async with condition:
+        condition.notify_all()
+
+
+def _not_found(group_id: str) -> ErrorInfo:
+    return ErrorInfo(
+        code="NOT_FOUND",
+        message=f"There is no group {group_id} in this tenant.",
+        retryable=False,
+        suggested_action="Check the group id (it is in the submission's answer).",
+    )

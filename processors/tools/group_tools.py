@@ -1,0 +1,19 @@
+"""The registry's tools as the call groups' core sees them (``processors.groups.StepTool``)."""
+
+from __future__ import annotations
+
+from processors.groups import ToolFacts
+from processors.tools.manifest import RiskTier
+from processors.tools.registry import ToolRegistry
+
+
+def step_tools(registry: ToolRegistry) -> dict[str, ToolFacts]:
+    return {
+        tool.name: ToolFacts.of_model(
+            tool.arguments,
+            keyed=tool.keyed,
+            irreversible=tool.risk is RiskTier.IRREVERSIBLE,
+            compensation=tool.compensate,
+        )
+        for tool in registry
+    }
