@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -37,6 +37,7 @@ from producers.client import (
     TrustedContext,
 )
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.groups import GroupAnswer, GroupView
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 from schemas.status import CallStatus
 
@@ -150,6 +151,41 @@ class HttpLedgerClient:
                 continue
             return _result_of(response, call_id)
 
+    async def run_group(
+        self,
+        steps: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        run_id: str,
+        on_failure: str = "compensate",
+        wait: float | None = None,
+    ) -> GroupAnswer:
+        """Submit a call group (``POST /v1/groups``) and wait up to ``wait`` seconds for it to
+        finish; a refusal (an invalid definition, the key used for another one) is returned
+        as the answer's ``error``, nothing stored."""
+        body = {"run_id": run_id, "on_failure": on_failure, "steps": list(steps)}
+        waited = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+        headers = {"Idempotency-Key": idempotency_key, "Prefer": f"wait={waited:.3f}"}
+        response = await self._send("POST", "/v1/groups", json=body, headers=headers)
+        return _group_answer(response)
+
+    async def resume_group(
+        self,
+        group_id: str,
+        *,
+        approval_tokens: Mapping[str, str] | None = None,
+        wait: float | None = None,
+    ) -> GroupAnswer:
+        """Continue a BLOCKED or FAILED group (``POST /v1/groups/{id}/resume``)."""
+        waited = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+        response = await self._send(
+            "POST",
+            f"/v1/groups/{quote(group_id, safe='')}/resume",
+            json={"approval_tokens": dict(approval_tokens or {})},
+            headers={"Prefer": f"wait={waited:.3f}"},
+        )
+        return _group_answer(response)
+
     async def tools(self) -> list[RemoteTool]:
         """The server's tools (``GET /v1/tools``, every page), as the adapters take them."""
         tools: list[RemoteTool] = []
@@ -247,6 +283,17 @@ def _problem_result(status: int, data: dict[str, Any], call_id: str) -> CallResu
         field_errors=field_errors,
         approval_request=data.get("approval_request"),
     )
+
+
+def _group_answer(response: httpx.Response) -> GroupAnswer:
+    data = _json(response)
+    if response.status_code in (200, 202) and "group_id" in data:
+        replayed = response.headers.get("idempotent-replayed") == "true"
+        return GroupAnswer(GroupView.model_validate(data), replayed=replayed)
+    if isinstance(data.get("code"), str):
+        refusal = _problem_result(response.status_code, data, "")
+        return GroupAnswer(error=refusal.error, field_errors=refusal.field_errors)
+    raise TransportError(f"{response.url} answered {response.status_code} with no group in it")
 
 
 def _refused(code: ErrorCode, message: str, call_id: str) -> CallResult:

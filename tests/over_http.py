@@ -119,6 +119,10 @@ class OverHttp:
             approval_token=approval_token,
         )
 
+    def http_ledger(self, context: TrustedContext) -> HttpLedgerClient:
+        """The HTTP transport as ``context``'s token sees the server."""
+        return self._client(context)
+
     async def tools(self, context: TrustedContext) -> list[RemoteTool]:
         return await self._client(context).tools()
 
@@ -136,6 +140,7 @@ def over_http(ledger: EmbeddedLedger, registry: Callable[[], ToolRegistry]) -> O
     tokens = ContextTokens()
     door.authenticator = tokens
     door.tools = LiveTools(registry)
+    door.groups = ledger.groups
     return OverHttp(create_app(door), tokens, ledger.client, calls)
 
 

@@ -11,6 +11,7 @@ the work is done; their names may change between versions, these do not.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from processors.groups import Compensation
 from processors.ledger.commands import Found, FoundFailed, Inconclusive, NotHappened
 from processors.tools.decorators import REPLAY_SENTENCES
 from processors.tools.manifest import (
@@ -31,6 +32,7 @@ from processors.tools.registry import DecoratedTool, ToolRegistry
 from producers.client import CallResult, LedgerClient, TransportError, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from schemas.groups import GroupAnswer, GroupView
 from schemas.keys import derive_idempotency_key
 from schemas.status import CallStatus
 from toolledger.ledger import Ledger
@@ -46,6 +48,7 @@ __all__ = [
     "REPLAY_SENTENCES",
     "CallResult",
     "CallStatus",
+    "Compensation",
     "DecoratedTool",
     "EffectClass",
     "ErrorCode",
@@ -53,6 +56,8 @@ __all__ = [
     "FieldError",
     "Found",
     "FoundFailed",
+    "GroupAnswer",
+    "GroupView",
     "HandlerResult",
     "HttpLedgerClient",
     "Impact",

@@ -12,15 +12,21 @@ another without a change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
 from processors.tools.registry import ToolRegistry
-from producers.client import CallResult, LedgerClient, TrustedContext
+from producers.client import DEFAULT_WAIT_S, CallResult, LedgerClient, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
+from schemas.groups import GroupAnswer
 from schemas.topics import Topics
+
+_NO_KAFKA_GROUPS = (
+    "call groups run on the embedded ledger (Ledger.embedded) or through a server's HTTP API "
+    "(Ledger.http) for now, not directly on Kafka"
+)
 
 
 class _Caller(Protocol):
@@ -47,6 +53,14 @@ class _Backend(Protocol):
 
     async def tools(self) -> list[RemoteTool]: ...
 
+    async def run_group(
+        self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer: ...
+
+    async def resume_group(
+        self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer: ...
+
 
 class _Embedded:
     authenticated = False
@@ -68,6 +82,25 @@ class _Embedded:
 
     async def tools(self) -> list[RemoteTool]:
         return _registry_tools(self.registry)
+
+    async def run_group(
+        self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        assert who is not None and self.ledger.groups is not None
+        return await self.ledger.groups.submit(
+            tenant_id=who.tenant_id,
+            principal=who.principal,
+            scopes=sorted(who.scopes),
+            group_key=key,
+            body=body,
+            wait_s=wait_s,
+        )
+
+    async def resume_group(
+        self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        assert who is not None and self.ledger.groups is not None
+        return await self.ledger.groups.resume(who.tenant_id, group_id, tokens, wait_s)
 
 
 class _Kafka:
@@ -96,6 +129,16 @@ class _Kafka:
     async def tools(self) -> list[RemoteTool]:
         return _registry_tools(self.registry) if self.registry is not None else []
 
+    async def run_group(
+        self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        raise NotImplementedError(_NO_KAFKA_GROUPS)
+
+    async def resume_group(
+        self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        raise NotImplementedError(_NO_KAFKA_GROUPS)
+
 
 class _Http:
     authenticated = True
@@ -111,6 +154,22 @@ class _Http:
 
     async def tools(self) -> list[RemoteTool]:
         return await self.client.tools()
+
+    async def run_group(
+        self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        return await self.client.run_group(
+            body["steps"],
+            idempotency_key=key,
+            run_id=body["run_id"],
+            on_failure=body["on_failure"],
+            wait=wait_s,
+        )
+
+    async def resume_group(
+        self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
+    ) -> GroupAnswer:
+        return await self.client.resume_group(group_id, approval_tokens=tokens, wait=wait_s)
 
 
 class Ledger:
@@ -190,12 +249,7 @@ class Ledger:
         token says who calls and ``context`` may be left out."""
         if self._caller is None:
             raise RuntimeError("use the ledger inside `async with ledger:`")
-        who = context or self._context
-        if who is None and not self._backend.authenticated:
-            raise ValueError(
-                "pass context=TrustedContext(tenant_id, principal): in this process there is "
-                "no authentication to take the tenant and the principal from"
-            )
+        who = self._who(context)
         return await self._caller.call(
             tool,
             arguments,
@@ -210,6 +264,51 @@ class Ledger:
     async def tools(self) -> list[RemoteTool]:
         """The tools and their manifests, as the agent adapters take them (``ToolSpec``)."""
         return await self._backend.tools()
+
+    async def run_group(
+        self,
+        steps: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        run_id: str,
+        on_failure: str = "compensate",
+        context: TrustedContext | None = None,
+        wait: float | None = None,
+    ) -> GroupAnswer:
+        """Run a group of dependent calls, each step ``{"id", "tool", "arguments",
+        "depends_on"}`` (an argument may be ``{"$from": step, "path": "a.b"}``): in dependency
+        order, independent steps concurrently, compensated in reverse order if one fails
+        (``on_failure="compensate"``) or left for :meth:`resume_group` (``"stop"``). The same
+        key with the same steps replays the group; each step runs at most once."""
+        body = {"run_id": run_id, "on_failure": on_failure, "steps": list(steps)}
+        return await self._backend.run_group(
+            body, idempotency_key, self._who(context), DEFAULT_WAIT_S if wait is None else wait
+        )
+
+    async def resume_group(
+        self,
+        group_id: str,
+        *,
+        approval_tokens: Mapping[str, str] | None = None,
+        context: TrustedContext | None = None,
+        wait: float | None = None,
+    ) -> GroupAnswer:
+        """Continue a BLOCKED or FAILED group from its completion point."""
+        return await self._backend.resume_group(
+            group_id,
+            dict(approval_tokens or {}),
+            self._who(context),
+            DEFAULT_WAIT_S if wait is None else wait,
+        )
+
+    def _who(self, context: TrustedContext | None) -> TrustedContext | None:
+        who = context or self._context
+        if who is None and not self._backend.authenticated:
+            raise ValueError(
+                "pass context=TrustedContext(tenant_id, principal): in this process there is "
+                "no authentication to take the tenant and the principal from"
+            )
+        return who
 
 
 def _registry_tools(registry: ToolRegistry) -> list[RemoteTool]:
