@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from processors.groups import compensation_key, step_key
 from processors.tools.manifest import RetryPolicy
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers import governance
@@ -239,6 +240,48 @@ SCENES = [
 ]
 
 
+GROUP_KEY = _key("onboarding-group")
+
+
+async def _group(ledger: EmbeddedLedger, checks: Checks, store: HelpdeskStore) -> str:
+    """A call group: open a ticket, then a write the downstream refuses: the group fails in
+    the middle, the ticket is closed again (its compensation), and a replay runs nothing."""
+    assert ledger.groups is not None
+    body = {
+        "run_id": RUN,
+        "steps": [
+            {"id": "ticket", "tool": "create_ticket", "arguments": {"title": "Onboard ACME"}},
+            {
+                "id": "write",
+                "tool": "flaky_write",
+                "arguments": {"payload": "account", "fault": "final"},
+                "depends_on": ["ticket"],
+            },
+        ],
+    }
+    answers = [
+        await ledger.groups.submit(
+            tenant_id=AGENT.tenant_id,
+            principal=AGENT.principal,
+            scopes=sorted(AGENT.scopes),
+            group_key=GROUP_KEY,
+            body=body,
+            wait_s=20,
+        )
+        for _ in range(2)
+    ]
+    first, again = answers
+    status = first.view.status if first.view else str(first.error)
+    checks.expect(status == "COMPENSATED", f"group: {status}, expected COMPENSATED")
+    checks.expect(again.replayed, "group: the same key replays the group")
+    opened = store.effect_count(AGENT.tenant_id, "create_ticket", step_key(GROUP_KEY, "ticket"))
+    closed = store.effect_count(
+        AGENT.tenant_id, "close_ticket", compensation_key(GROUP_KEY, "ticket")
+    )
+    checks.expect(opened == closed == 1, f"group: opened {opened}, closed {closed}, expected 1")
+    return status
+
+
 async def run_demo(workdir: Path, console: Console) -> Checks:
     store = HelpdeskStore(workdir / "downstream.db")
     registry = helpdesk_registry(store, flaky_timeout_s=1.0, retry=RetryPolicy(backoff_base_s=0.05))
@@ -258,6 +301,11 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
                 f"[green]✓[/] scene {number}: {scene.title} "
                 f"({effects} side effect{'s' if effects != 1 else ''})"
             )
+        with console.status("[bold]call group[/]: a failure in the middle is compensated"):
+            status = await _group(ledger, checks, store)
+        console.print(
+            f"[green]✓[/] call group: ticket opened, write refused, ticket closed again ({status})"
+        )
         assert ledger.runtime is not None and ledger.log is not None
         await ledger.runtime.drain()
         console.print(_audit_table(ledger, {s.key for s in SCENES}))
