@@ -5,7 +5,8 @@
     response = await anthropic_client.messages.create(
         ..., tools=tool_definitions(tool_infos), messages=history
     )
-    turn = count_assistant_turns(history)          # this response's place in the history
+    # this response's place in the persisted history: the assistant turns before it
+    turn = sum(1 for message in history if message["role"] == "assistant")
     results = await execute_tool_uses(
         response.content, ledger_client, tool_infos, trusted_context, run_id, turn
     )
