@@ -273,16 +273,24 @@ class GroupRunner:
         try:
             for start in in_flight(group.state):  # asked again after a restart
                 running[self._ask(group, start)] = start
+            answered: list[GroupEvent] = []
             while True:
-                for action in decide(group.state, self._max_parallel):
-                    self._record(group, [event_of(action)])
+                # the answers that came in and the decision they lead to: one write, made
+                # before any of the decided calls is
+                state = group.state
+                for event in answered:
+                    state = evolve(state, event)
+                actions = decide(state, self._max_parallel)
+                events = [*answered, *(event_of(a) for a in actions)]
+                if events:
+                    self._record(group, events)
+                for action in actions:
                     if isinstance(action, StartStep | StartCompensation):
                         running[self._ask(group, action)] = action
                 if not running:
                     return  # finished, blocked or failed: a resume drives it again
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    self._record(group, [_finished(running.pop(task), task.result())])
+                answered = [_finished(running.pop(t), t.result()) for t in done]
         except asyncio.CancelledError:
             for task in running:
                 task.cancel()
