@@ -89,8 +89,8 @@ class EmbeddedGroups:
     ) -> GroupAnswer:
         return await self.runner.resume(tenant_id, group_id, tokens, wait_s)
 
-    def view(self, tenant_id: str, group_id: str) -> GroupView | None:
-        return self.runner.view(tenant_id, group_id)
+    async def view(self, tenant_id: str, group_id: str) -> GroupView | None:
+        return await self.runner.view(tenant_id, group_id)
 
     async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
         return await self._reads.search(tenant_id, run_id, limit)

@@ -1,7 +1,8 @@
 """The embedded group log: group events in the ledger file, one row each, in order per group.
 
-Appended on the event loop in one short transaction with the group's projection rows (as the
-executor's commits are), so a group's read model is never ahead of or behind its events."""
+Written on the event loop (no await inside) in one short transaction with the group's
+projection rows (as the executor's commits are), so a group's read model is never ahead of or
+behind its events."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class SqliteGroupLog:
                 if statement.strip():
                     conn.execute(statement)
 
-    def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None:
+    async def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None:
         with transaction(self._conn):
             self._conn.execute(
                 "INSERT INTO group_meta (group_id, tenant_id, principal, scopes_json, group_key,"
@@ -76,7 +77,7 @@ class SqliteGroupLog:
             )
             self._projection.apply(self._conn, meta.tenant_id, view)
 
-    def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None:
+    async def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None:
         row = self._conn.execute(
             "SELECT tenant_id, principal, scopes_json, group_key, created_at FROM group_meta"
             " WHERE group_id = ?",
@@ -100,7 +101,10 @@ class SqliteGroupLog:
         ]
         return meta, events
 
-    def unfinished(self) -> list[str]:
+    async def claim(self, group_id: str) -> bool:
+        return True  # one process holds the ledger file (its lock): it drives every group
+
+    async def unfinished(self) -> list[str]:
         return [
             r[0]
             for r in self._conn.execute(

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from processors.groups import (
+    Action,
     CompensationFinished,
     GroupEvent,
     GroupResumed,
@@ -87,13 +88,16 @@ StepCaller = Callable[[StepCall], Awaitable[StepAnswer]]
 
 class GroupLog(Protocol):
     """Where group events are kept; ``append`` also updates the group's projection rows (the
-    view), in the same transaction."""
+    view), in the same transaction. ``claim``: whether this process may drive the group (no
+    other live process does); a claim lasts until the process ends."""
 
-    def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None: ...
+    async def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None: ...
 
-    def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None: ...
+    async def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None: ...
 
-    def unfinished(self) -> list[str]: ...
+    async def unfinished(self) -> list[str]: ...
+
+    async def claim(self, group_id: str) -> bool: ...
 
 
 Clock = Callable[[], datetime]
@@ -107,6 +111,8 @@ class _Group:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     tokens: dict[str, str] = field(default_factory=dict)  # step id -> approval token
     task: asyncio.Task[None] | None = None
+    # one writer at a time: a decision is made on the state its events are appended to
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class GroupRunner:
@@ -146,7 +152,7 @@ class GroupRunner:
             return GroupAnswer(error=definition.error, field_errors=definition.field_errors)
         group_id = group_id_for(tenant_id, group_key)
         async with self._lock(group_id):
-            group = self._loaded(group_id)
+            group = await self._loaded(group_id)
             if group is not None:
                 if group.state.definition.digest != definition.digest:
                     return GroupAnswer(
@@ -160,7 +166,8 @@ class GroupRunner:
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
             group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)))
             submitted = encode_event(GroupSubmitted(group_key, definition))
-            self._log.append(meta, [submitted], self._view(group))
+            await self._log.claim(group_id)
+            await self._log.append(meta, [submitted], self._view(group))
             self._groups[group_id] = group
             self._drive(group)
         return GroupAnswer(await self._wait(group, wait_s))
@@ -171,9 +178,19 @@ class GroupRunner:
         """Continue a BLOCKED or FAILED group from its completion point; ``tokens``: approval
         tokens by step id, for the steps that waited for an approval."""
         async with self._lock(group_id):
-            group = self._loaded(group_id)
+            group = await self._loaded(group_id)
             if group is None or group.meta.tenant_id != tenant_id:
                 return GroupAnswer(error=_not_found(group_id))
+            if group_id not in self._groups and not await self._log.claim(group_id):
+                return GroupAnswer(
+                    error=ErrorInfo.of(
+                        ErrorCode.INTERNAL,
+                        "Another front door drives this group now.",
+                        retryable=True,
+                        suggested_action="Resume it again in a moment.",
+                    )
+                )
+            self._groups[group_id] = group
             if not resumable(group.state):
                 return GroupAnswer(
                     view=self._view(group),
@@ -186,12 +203,12 @@ class GroupRunner:
                     ),
                 )
             group.tokens.update(tokens)
-            self._record(group, [GroupResumed()])
+            await self._advance(group, [GroupResumed()], decide_next=False)
             self._drive(group)
         return GroupAnswer(await self._wait(group, wait_s))
 
-    def view(self, tenant_id: str, group_id: str) -> GroupView | None:
-        group = self._loaded(group_id)
+    async def view(self, tenant_id: str, group_id: str) -> GroupView | None:
+        group = await self._loaded(group_id)
         if group is None or group.meta.tenant_id != tenant_id:
             return None
         return self._view(group)
@@ -200,9 +217,12 @@ class GroupRunner:
 
     async def start(self) -> None:
         """Drive again every group that had not finished (after a stop or a crash)."""
-        for group_id in self._log.unfinished():
-            group = self._loaded(group_id)
+        for group_id in await self._log.unfinished():
+            if not await self._log.claim(group_id):
+                continue  # another live front door drives it
+            group = await self._loaded(group_id)
             if group is not None:
+                self._groups[group_id] = group
                 self._drive(group)
 
     async def stop(self) -> None:
@@ -218,11 +238,13 @@ class GroupRunner:
     def _lock(self, group_id: str) -> asyncio.Lock:
         return self._locks.setdefault(group_id, asyncio.Lock())
 
-    def _loaded(self, group_id: str) -> _Group | None:
+    async def _loaded(self, group_id: str) -> _Group | None:
+        """The group this runner drives, or the group as the log has it now (not kept: another
+        process may be driving it)."""
         group = self._groups.get(group_id)
         if group is not None:
             return group
-        stored = self._log.load(group_id)
+        stored = await self._log.load(group_id)
         if stored is None:
             return None
         meta, texts = stored
@@ -233,20 +255,30 @@ class GroupRunner:
             return None
         state = fold(events)
         assert state is not None
-        group = self._groups[group_id] = _Group(meta, state)
-        return group
+        return _Group(meta, state)
 
     def _view(self, group: _Group) -> GroupView:
         return group_view(group.meta, group.state, self._clock())
 
-    def _record(self, group: _Group, events: Sequence[GroupEvent]) -> None:
-        """Apply and append ``events`` (one transaction), then wake the waiters."""
-        state = group.state
-        for event in events:
-            state = evolve(state, event)
-        group.state = state
-        self._log.append(group.meta, [encode_event(e) for e in events], self._view(group))
-        asyncio.get_running_loop().create_task(_notify(group.changed))
+    async def _advance(
+        self, group: _Group, answered: Sequence[GroupEvent], *, decide_next: bool = True
+    ) -> list[Action]:
+        """Apply ``answered`` and, with ``decide_next``, the decision they lead to; append
+        them all in one write, before any decided call is made; wake the waiters."""
+        async with group.writing:
+            state = group.state
+            for event in answered:
+                state = evolve(state, event)
+            actions = decide(state, self._max_parallel) if decide_next else []
+            events = [*answered, *(event_of(a) for a in actions)]
+            for event in events[len(answered) :]:
+                state = evolve(state, event)
+            if events:
+                view = group_view(group.meta, state, self._clock())
+                await self._log.append(group.meta, [encode_event(e) for e in events], view)
+                group.state = state
+        await _notify(group.changed)
+        return actions
 
     async def _wait(self, group: _Group, wait_s: float) -> GroupView:
         """The group once it has finished or is blocked, or as it is when the wait ends."""
@@ -277,13 +309,7 @@ class GroupRunner:
             while True:
                 # the answers that came in and the decision they lead to: one write, made
                 # before any of the decided calls is
-                state = group.state
-                for event in answered:
-                    state = evolve(state, event)
-                actions = decide(state, self._max_parallel)
-                events = [*answered, *(event_of(a) for a in actions)]
-                if events:
-                    self._record(group, events)
+                actions = await self._advance(group, answered)
                 for action in actions:
                     if isinstance(action, StartStep | StartCompensation):
                         running[self._ask(group, action)] = action

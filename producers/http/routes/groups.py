@@ -106,7 +106,7 @@ async def submit_group(request: Request, door: Door, context: Caller) -> Respons
 )
 async def get_group(group_id: str, door: Door, context: Caller) -> Response:
     groups = _groups(door)
-    view = groups.view(context.tenant_id, group_id) if GROUP_ID.fullmatch(group_id) else None
+    view = await groups.view(context.tenant_id, group_id) if GROUP_ID.fullmatch(group_id) else None
     if view is None:
         raise not_found("No group with this id.", _NO_GROUP)
     return Response(view.model_dump_json(), media_type=JSON)
