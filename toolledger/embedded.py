@@ -25,7 +25,7 @@ from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
 from projections.sqlite import SqliteProjection
 from schemas.events import Event
-from toolledger.groups import EmbeddedGroups
+from toolledger.groups import LedgerGroups, embedded_groups
 
 log = logging.getLogger("toolledger.embedded")
 
@@ -82,7 +82,7 @@ class EmbeddedLedger:
         )
         self.log: SqliteLog | None = None
         self.runtime: EmbeddedRuntime | None = None
-        self.groups: EmbeddedGroups | None = None
+        self.groups: LedgerGroups | None = None
 
     async def start(self) -> EmbeddedLedger:
         self.log = SqliteLog(
@@ -115,7 +115,7 @@ class EmbeddedLedger:
             self.log.close()
             raise
         # call groups: their orchestrator drives again what had not finished
-        self.groups = EmbeddedGroups(self.log, self.client, lambda: self.registry)
+        self.groups = embedded_groups(self.log, self.client, lambda: self.registry)
         await self.groups.start()
         return self
 

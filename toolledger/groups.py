@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from processors.runtime.group_log import SqliteGroupLog
 from processors.runtime.group_runner import (
     STEP_WAIT_S,
+    GroupLog,
     GroupRunner,
     StepAnswer,
     StepCall,
@@ -51,13 +52,23 @@ def step_caller(client: Caller) -> StepCaller:
     return call
 
 
-class EmbeddedGroups:
-    """The front door's :class:`producers.http.door.GroupService` over an embedded ledger."""
+class GroupReads(Protocol):
+    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...
 
-    def __init__(self, log: SqliteLog, client: Caller, registry: Callable[[], ToolRegistry]):
-        group_log = SqliteGroupLog(log.conn, SqliteGroupProjection())
+
+class LedgerGroups:
+    """The front door's :class:`producers.http.door.GroupService`: the orchestrator over a
+    group log, its steps through ``client``."""
+
+    def __init__(
+        self,
+        group_log: GroupLog,
+        reads: GroupReads,
+        client: Caller,
+        registry: Callable[[], ToolRegistry],
+    ) -> None:
         self.runner = GroupRunner(group_log, step_caller(client), lambda: step_tools(registry()))
-        self._reads = SqliteGroupReads(log.conn)
+        self._reads = reads
 
     async def start(self) -> None:
         await self.runner.start()
@@ -94,3 +105,11 @@ class EmbeddedGroups:
 
     async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
         return await self._reads.search(tenant_id, run_id, limit)
+
+
+def embedded_groups(
+    log: SqliteLog, client: Caller, registry: Callable[[], ToolRegistry]
+) -> LedgerGroups:
+    """Groups in the ledger file: the executor's process drives them (it holds the lock)."""
+    group_log = SqliteGroupLog(log.conn, SqliteGroupProjection())
+    return LedgerGroups(group_log, SqliteGroupReads(log.conn), client, registry)

@@ -197,6 +197,8 @@ async def distributed_door(
     """The front door of the Kafka + PostgreSQL backend."""
     from producers.kafka import KafkaTransport
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
+    from projections.postgres_groups import PostgresGroupLog
+    from toolledger.groups import LedgerGroups
     from toolledger.kafka_admin import ensure_topics
 
     door = security.build(registry)
@@ -207,6 +209,10 @@ async def distributed_door(
     try:
         async with PostgresProjection(postgres) as projection:
             calls = PostgresCalls(projection)
+            group_log = PostgresGroupLog(projection, postgres)
+            await group_log.open()
+            client = LedgerClient(transport)
+            groups = LedgerGroups(group_log, group_log, client, lambda: registry)
 
             async def ready() -> dict[str, bool]:
                 try:
@@ -219,7 +225,14 @@ async def distributed_door(
                     "kafka": transport.running and await transport.reachable(),
                 }
 
-            yield door(LedgerClient(transport), calls, ready)
+            front = door(client, calls, ready)
+            front.groups = groups
+            await groups.start()  # drives the unfinished groups no other front door claims
+            try:
+                yield front
+            finally:
+                await groups.stop()
+                await group_log.close()
     finally:
         await transport.stop()
 

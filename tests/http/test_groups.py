@@ -4,7 +4,9 @@ completion point; against a real ``toolledger serve`` process of this module's o
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -14,14 +16,29 @@ import httpx
 import pytest
 
 from tests.http.helpers import assert_problem
-from tests.http.servers import ACME, GLOBEX, OPERATOR, Server, start_embedded
+from tests.http.servers import (
+    ACME,
+    GLOBEX,
+    OPERATOR,
+    Server,
+    start_distributed,
+    start_embedded,
+)
 
 SLOW = {"payload": "p", "fault": "slow", "delay_ms": 400}
 
 
-@pytest.fixture(scope="module")
-def groups_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_embedded(tmp_path_factory.mktemp("http-groups"))
+@pytest.fixture(
+    scope="module", params=["embedded", pytest.param("kafka", marks=pytest.mark.services)]
+)
+def groups_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp(f"http-groups-{request.param}")
+    if request.param == "kafka":
+        running = start_distributed(workdir, request.getfixturevalue("services"))
+    else:
+        running = start_embedded(workdir)
     try:
         yield running
     finally:
@@ -68,10 +85,15 @@ def _steps(group: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 async def _events(client: httpx.AsyncClient, call_id: str) -> list[dict[str, Any]]:
-    page = await client.get(f"/v1/calls/{call_id}/events")
-    assert page.status_code == 200, page.text
-    items: list[dict[str, Any]] = page.json()["items"]
-    return items
+    """The call's audit trail once it has its outcome (the projection may lag the log)."""
+    deadline = time.monotonic() + 30
+    while True:
+        page = await client.get(f"/v1/calls/{call_id}/events")
+        items: list[dict[str, Any]] = page.json().get("items", [])
+        if page.status_code == 200 and any(e["type"] == "ToolCallSucceeded" for e in items):
+            return items
+        assert time.monotonic() < deadline, page.text
+        await asyncio.sleep(0.1)
 
 
 async def test_a_diamond_runs_in_order_and_its_independent_steps_overlap(
