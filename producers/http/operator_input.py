@@ -12,7 +12,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
-from producers.http.access import Operator, tenant_of
+from producers.http.access import GLOBAL_OPERATOR, OPERATOR, Caller, Operator, tenant_of
 from producers.http.door import Door
 from producers.http.errors import ProblemError, invalid, not_found, refused
 from producers.http.problems import problem
@@ -57,6 +57,21 @@ async def approval(approval_id: str, door: Door, context: Operator) -> ApprovalV
     return view
 
 
+async def readable_approval(approval_id: str, door: Door, context: Caller) -> ApprovalView:
+    """A request as its reader may see it: the tenant's operators see every one, the principal
+    who asked sees its own (so an agent can follow the approval it waits for); to anyone else
+    it is not found."""
+    if OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes:
+        return await approval(approval_id, door, context)
+    view = None
+    if APPROVAL_ID.fullmatch(approval_id):
+        now = datetime.now(UTC)
+        view = await door.queries.approval(context.tenant_id, approval_id, now=now)
+    if view is None or view.requested_by != context.principal:
+        raise not_found("No approval request with this id.", _LIST_THEM)
+    return view
+
+
 async def pending_approval(view: Annotated[ApprovalView, Depends(approval)]) -> ApprovalView:
     if view.status != "pending":
         raise ProblemError(
@@ -79,5 +94,6 @@ async def switchable_tool(tool: str, door: Door) -> str:
 
 
 Approval = Annotated[ApprovalView, Depends(approval)]
+ReadableApproval = Annotated[ApprovalView, Depends(readable_approval)]
 PendingApproval = Annotated[ApprovalView, Depends(pending_approval)]
 SwitchableTool = Annotated[str, Depends(switchable_tool)]

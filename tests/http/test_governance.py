@@ -18,7 +18,7 @@ from tests.http.helpers import (
     assert_problem,
     post_call,
 )
-from tests.http.servers import GLOBEX, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
+from tests.http.servers import GLOBEX, NO_SCOPE, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
 from tests.http.test_door_refusals import door_refusals
 
 CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
@@ -361,3 +361,19 @@ async def test_a_tenant_smuggled_into_the_arguments_is_refused_and_audited(
         "SUCCEEDED",
         replayed=False,
     )
+
+
+async def test_the_caller_reads_its_own_approval_request_and_nobody_else_does(
+    server: Server, client: httpx.AsyncClient, key: str
+) -> None:
+    asked = await post_call(client, "charge_card", CHARGE, key=key)
+    approval_id = assert_problem(asked, 428, "APPROVAL_REQUIRED")["approval_request"]["id"]
+    mine = await client.get(f"/v1/approval-requests/{approval_id}")
+    assert mine.status_code == 200, mine.text
+    assert mine.json()["id"] == approval_id and mine.json()["status"] == "pending"
+    as_operator = await client.get(f"/v1/approval-requests/{approval_id}", headers=OPERATOR.headers)
+    assert as_operator.status_code == 200 and as_operator.json()["id"] == approval_id
+    for other in (NO_SCOPE, GLOBEX):  # another principal of the tenant; another tenant
+        theirs = await client.get(f"/v1/approval-requests/{approval_id}", headers=other.headers)
+        assert_problem(theirs, 404, "NOT_FOUND")
+    assert_problem(await client.get("/v1/approval-requests"), 403, "FORBIDDEN")  # the list

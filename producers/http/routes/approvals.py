@@ -17,7 +17,7 @@ from producers.http.door import Door
 from producers.http.errors import ProblemError, refused
 from producers.http.governance import command
 from producers.http.openapi import documented, request_body
-from producers.http.operator_input import Approval, PendingApproval, json_body
+from producers.http.operator_input import PendingApproval, ReadableApproval, json_body
 from producers.http.problems import problem
 from producers.http.responses import json_response
 from schemas.calls import ApprovalView, decode_approval_cursor
@@ -68,7 +68,8 @@ async def list_approvals(
     operation_id="getApprovalRequest",
     responses=documented(200),
 )
-async def get_approval(view: Approval) -> Response:
+async def get_approval(view: ReadableApproval) -> Response:
+    """One request: for the tenant's operators, and for the principal who asked for it."""
     return json_response(view.to_json())
 
 
