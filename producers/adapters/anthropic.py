@@ -30,7 +30,7 @@ swapped get each other's keys with other arguments and are refused
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Collection, Iterable, Mapping
 from typing import Any
 
 from anthropic.types import ToolParam, ToolResultBlockParam, ToolUseBlock
@@ -137,17 +137,33 @@ async def execute_tool_uses(
     turn: int,
     *,
     wait: float | None = None,
+    independent: Collection[str] = (),
 ) -> list[ToolResultBlockParam]:
-    """Run every ``tool_use`` block of one assistant turn (concurrently; the ledger orders
-    calls of one key), with step ids from :func:`step_id`; the results are in block order,
-    ready to be the next user message's content."""
+    """Run every ``tool_use`` block of one assistant turn, with step ids from :func:`step_id`;
+    the results are in block order, ready to be the next user message's content.
+
+    A model that emits several calls at once has not said they are independent: read-only
+    calls run concurrently, but mutations run one after another, in the order the model
+    emitted them (a "create, then update" pair never races), unless their tools are named in
+    ``independent``."""
     indexed = index_tools(tools)
     ordinals: dict[str, int] = {}
+    in_order = asyncio.Lock()  # mutations take turns, in block order (the lock is FIFO)
     calls = []
     for block in content:
         if not isinstance(block, ToolUseBlock):
             continue
         ordinals[block.name] = ordinals.get(block.name, 0) + 1
         step = step_id(turn, block.name, ordinals[block.name])
-        calls.append(execute_tool_use(block, client, indexed, context, run_id, step, wait=wait))
+        call = execute_tool_use(block, client, indexed, context, run_id, step, wait=wait)
+        spec = indexed.get(block.name)
+        ordered = spec is not None and spec.keyed and block.name not in independent
+        calls.append(_in_turn(call, in_order) if ordered else call)
     return list(await asyncio.gather(*calls))
+
+
+async def _in_turn(
+    call: Awaitable[ToolResultBlockParam], in_order: asyncio.Lock
+) -> ToolResultBlockParam:
+    async with in_order:
+        return await call

@@ -29,6 +29,7 @@ runs them twice.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class LedgerRun:
     context: TrustedContext
     steps: dict[str, int] = field(default_factory=dict)
     """Calls started so far, per tool name. Persist it with the conversation."""
+    in_order: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
+    """Mutations of the run take turns, in the order the SDK invokes them: calls a model
+    emitted together are not independent unless it says so (read-only calls do not wait)."""
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -86,9 +90,7 @@ def ledger_run_of(tool_context: ToolContext[Any]) -> LedgerRun:
     return run
 
 
-def function_tool(
-    client: Caller, spec: ToolSpec, *, wait: float | None = None
-) -> FunctionTool:
+def function_tool(client: Caller, spec: ToolSpec, *, wait: float | None = None) -> FunctionTool:
     """One ledger tool as a ``FunctionTool``: the manifest's argument schema (no key
     argument), and an ``on_invoke_tool`` that runs the call through ``client``. It returns
     the normalised JSON (``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``)
@@ -99,7 +101,10 @@ def function_tool(
     async def on_invoke_tool(tool_context: ToolContext[Any], raw_arguments: str) -> str:
         run = ledger_run_of(tool_context)
         step_id = run.step_id_for(name, tool_context)
-        result = await _call(client, name, keyed, raw_arguments, run, step_id, wait)
+        if not keyed:
+            return result_text(await _call(client, name, keyed, raw_arguments, run, step_id, wait))
+        async with run.in_order:
+            result = await _call(client, name, keyed, raw_arguments, run, step_id, wait)
         return result_text(result)
 
     return FunctionTool(

@@ -5,6 +5,7 @@ retried turn executes once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -320,3 +321,46 @@ async def test_a_whole_turn_and_its_reordered_retry(setup: Setup) -> None:
     refused = await execute_tool_uses(swapped, setup.client, setup.tools, ACME, "run-8", 0)
     assert [content_of(r)["error"]["code"] for r in refused] == ["IDEMPOTENCY_KEY_REUSED"] * 2
     assert len(setup.store.tickets("acme")) == 2
+
+
+def _effect_order(store: HelpdeskStore, keys: list[str]) -> list[str]:
+    """The keys in the order the downstream recorded their effects."""
+    rows = store._conn.execute("SELECT idempotency_key FROM effects ORDER BY seq").fetchall()
+    return [k for (k,) in rows if k in keys]
+
+
+@pytest.mark.parametrize("independent", [False, True])
+async def test_a_turns_mutations_run_in_the_order_the_model_emitted_them(
+    setup: Setup, independent: bool
+) -> None:
+    turn = [
+        tool_use("toolu_1", "flaky_write", {"payload": "first", "fault": "slow", "delay_ms": 300}),
+        tool_use("toolu_2", "create_ticket", {"title": "second"}),
+    ]
+    run = f"run-order-{independent}"
+    allowed = ("flaky_write", "create_ticket") if independent else ()
+    results = await execute_tool_uses(
+        turn, setup.client, setup.tools, ACME, run, 0, independent=allowed
+    )
+    assert all(not r["is_error"] for r in results)
+    slow = derive_idempotency_key(run, step_id(0, "flaky_write", 1))
+    fast = derive_idempotency_key(run, step_id(0, "create_ticket", 1))
+    # in order, the slow write's effect comes first; declared independent, they overlap and
+    # the quick ticket is recorded while the write still sleeps
+    expected = [fast, slow] if independent else [slow, fast]
+    assert _effect_order(setup.store, [slow, fast]) == expected
+
+
+async def test_function_tool_mutations_invoked_together_take_turns(setup: Setup) -> None:
+    tools = by_name(function_tools(setup.client, setup.tools))
+    run = LedgerRun("run-openai-order", ACME)
+    slow_args = {"payload": "first", "fault": "slow", "delay_ms": 300}
+    outputs = await asyncio.gather(  # as the SDK runs parallel tool calls of one turn
+        invoke(tools["flaky_write"], run, "call_1", slow_args),
+        invoke(tools["create_ticket"], run, "call_2", {"title": "second"}),
+        invoke(tools["list_tickets"], run, "call_3", {}),
+    )
+    assert all(o["ok"] for o in outputs), outputs
+    slow = derive_idempotency_key("run-openai-order", "flaky_write#1")
+    fast = derive_idempotency_key("run-openai-order", "create_ticket#1")
+    assert _effect_order(setup.store, [slow, fast]) == [slow, fast]
