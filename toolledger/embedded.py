@@ -17,6 +17,7 @@ from processors.pipeline import (
 )
 from processors.ports import Clock
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S, EmbeddedRuntime
+from processors.runtime.group_runner import GroupRunner
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.redaction import Redactor
@@ -25,7 +26,7 @@ from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
 from projections.sqlite import SqliteProjection
 from schemas.events import Event
-from toolledger.groups import LedgerGroups, embedded_groups
+from toolledger.groups import embedded_groups
 
 log = logging.getLogger("toolledger.embedded")
 
@@ -82,7 +83,7 @@ class EmbeddedLedger:
         )
         self.log: SqliteLog | None = None
         self.runtime: EmbeddedRuntime | None = None
-        self.groups: LedgerGroups | None = None
+        self.groups: GroupRunner | None = None
 
     async def start(self) -> EmbeddedLedger:
         self.log = SqliteLog(

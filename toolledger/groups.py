@@ -4,13 +4,13 @@ and read model in the ledger file, its steps through the ledger client."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from processors.runtime.group_log import SqliteGroupLog
 from processors.runtime.group_runner import (
     STEP_WAIT_S,
     GroupLog,
+    GroupReads,
     GroupRunner,
     StepAnswer,
     StepCall,
@@ -22,7 +22,6 @@ from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
 from projections.groups import SqliteGroupProjection, SqliteGroupReads
 from schemas.events import ApprovalRequested
-from schemas.groups import GroupAnswer, GroupView
 
 
 def step_caller(client: Caller) -> StepCaller:
@@ -52,64 +51,20 @@ def step_caller(client: Caller) -> StepCaller:
     return call
 
 
-class GroupReads(Protocol):
-    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...
-
-
-class LedgerGroups:
+def ledger_groups(
+    group_log: GroupLog,
+    reads: GroupReads,
+    client: Caller,
+    registry: Callable[[], ToolRegistry],
+) -> GroupRunner:
     """The front door's :class:`producers.http.door.GroupService`: the orchestrator over a
-    group log, its steps through ``client``."""
-
-    def __init__(
-        self,
-        group_log: GroupLog,
-        reads: GroupReads,
-        client: Caller,
-        registry: Callable[[], ToolRegistry],
-    ) -> None:
-        self.runner = GroupRunner(group_log, step_caller(client), lambda: step_tools(registry()))
-        self._reads = reads
-
-    async def start(self) -> None:
-        await self.runner.start()
-
-    async def stop(self) -> None:
-        await self.runner.stop()
-
-    async def submit(
-        self,
-        *,
-        tenant_id: str,
-        principal: str,
-        scopes: Sequence[str],
-        group_key: str,
-        body: Any,
-        wait_s: float,
-    ) -> GroupAnswer:
-        return await self.runner.submit(
-            tenant_id=tenant_id,
-            principal=principal,
-            scopes=scopes,
-            group_key=group_key,
-            body=body,
-            wait_s=wait_s,
-        )
-
-    async def resume(
-        self, tenant_id: str, group_id: str, tokens: Mapping[str, str], wait_s: float
-    ) -> GroupAnswer:
-        return await self.runner.resume(tenant_id, group_id, tokens, wait_s)
-
-    async def view(self, tenant_id: str, group_id: str) -> GroupView | None:
-        return await self.runner.view(tenant_id, group_id)
-
-    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
-        return await self._reads.search(tenant_id, run_id, limit)
+    group log, its steps through ``client``, the tools as the registry has them."""
+    return GroupRunner(group_log, reads, step_caller(client), lambda: step_tools(registry()))
 
 
 def embedded_groups(
     log: SqliteLog, client: Caller, registry: Callable[[], ToolRegistry]
-) -> LedgerGroups:
+) -> GroupRunner:
     """Groups in the ledger file: the executor's process drives them (it holds the lock)."""
     group_log = SqliteGroupLog(log.conn, SqliteGroupProjection())
-    return LedgerGroups(group_log, SqliteGroupReads(log.conn), client, registry)
+    return ledger_groups(group_log, SqliteGroupReads(log.conn), client, registry)

@@ -198,7 +198,7 @@ async def distributed_door(
     from producers.kafka import KafkaTransport
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
     from projections.postgres_groups import PostgresGroupLog
-    from toolledger.groups import LedgerGroups
+    from toolledger.groups import ledger_groups
     from toolledger.kafka_admin import ensure_topics
 
     door = security.build(registry)
@@ -212,7 +212,7 @@ async def distributed_door(
             group_log = PostgresGroupLog(projection, postgres)
             await group_log.open()
             client = LedgerClient(transport)
-            groups = LedgerGroups(group_log, group_log, client, lambda: registry)
+            groups = ledger_groups(group_log, group_log, client, lambda: registry)
 
             async def ready() -> dict[str, bool]:
                 try:

@@ -100,6 +100,12 @@ class GroupLog(Protocol):
     async def claim(self, group_id: str) -> bool: ...
 
 
+class GroupReads(Protocol):
+    """The groups' read model: searches by tenant and run."""
+
+    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...
+
+
 Clock = Callable[[], datetime]
 Start = StartStep | StartCompensation
 
@@ -119,6 +125,7 @@ class GroupRunner:
     def __init__(
         self,
         group_log: GroupLog,
+        reads: GroupReads,
         call: StepCaller,
         tools: Callable[[], Mapping[str, StepTool]],
         *,
@@ -127,6 +134,7 @@ class GroupRunner:
         clock: Clock = lambda: datetime.now(UTC),
     ) -> None:
         self._log = group_log
+        self._reads = reads
         self._call = call
         self._tools = tools
         self._max_parallel = max_parallel
@@ -212,6 +220,9 @@ class GroupRunner:
         if group is None or group.meta.tenant_id != tenant_id:
             return None
         return self._view(group)
+
+    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
+        return await self._reads.search(tenant_id, run_id, limit)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

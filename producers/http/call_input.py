@@ -73,15 +73,18 @@ async def call_key(
     """The idempotency key of a tool that needs one (``None`` for a read-only tool)."""
     if not info.keyed:
         return None
+    return required_key(request, f"{info.name} changes something: send an Idempotency-Key header.")
+
+
+def required_key(request: Request, missing: str) -> str:
+    """The request's Idempotency-Key; 400 ``IDEMPOTENCY_KEY_INVALID`` or, saying ``missing``,
+    ``IDEMPOTENCY_KEY_MISSING``."""
     try:
         key = idempotency_key(request.headers.getlist("idempotency-key"))
     except InvalidIdempotencyKey as exc:
         raise refused(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + ".") from None
     if key is None:
-        raise refused(
-            ErrorCode.IDEMPOTENCY_KEY_MISSING,
-            f"{info.name} changes something: send an Idempotency-Key header.",
-        )
+        raise refused(ErrorCode.IDEMPOTENCY_KEY_MISSING, missing)
     return key
 
 

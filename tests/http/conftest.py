@@ -15,14 +15,14 @@ import pytest
 
 from tests.http.servers import ACME, Server, start_distributed, start_embedded
 
+BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.services)]
 
-@pytest.fixture(
-    scope="session", params=["embedded", pytest.param("kafka", marks=pytest.mark.services)]
-)
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+
+def serving(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> Iterator[Server]:
-    workdir = tmp_path_factory.mktemp(f"http-{request.param}")
+    """A server of the backend ``request.param`` names, in a new directory, until the end."""
+    workdir = tmp_path_factory.mktemp(f"{name}-{request.param}")
     if request.param == "kafka":
         running = start_distributed(workdir, request.getfixturevalue("services"))
     else:
@@ -31,6 +31,13 @@ def server(
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    yield from serving(request, tmp_path_factory, "http")
 
 
 @pytest.fixture(scope="session")

@@ -15,34 +15,24 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.http.conftest import BACKENDS, serving
 from tests.http.helpers import assert_problem
 from tests.http.servers import (
     ACME,
     GLOBEX,
     OPERATOR,
     Server,
-    start_distributed,
-    start_embedded,
 )
 
 SLOW = {"payload": "p", "fault": "slow", "delay_ms": 400}
 
 
-@pytest.fixture(
-    scope="module", params=["embedded", pytest.param("kafka", marks=pytest.mark.services)]
-)
+@pytest.fixture(scope="module", params=BACKENDS)
 def groups_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    workdir = tmp_path_factory.mktemp(f"http-groups-{request.param}")
-    if request.param == "kafka":
-        running = start_distributed(workdir, request.getfixturevalue("services"))
-    else:
-        running = start_embedded(workdir)
-    try:
-        yield running
-    finally:
-        running.stop()
+    """A server of this module's own: its tests switch tools off and on."""
+    yield from serving(request, tmp_path_factory, "http-groups")
 
 
 @pytest.fixture

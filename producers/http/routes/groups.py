@@ -11,16 +11,16 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from producers.http.access import Caller
+from producers.http.call_input import required_key
 from producers.http.door import Door, FrontDoor, GroupService
 from producers.http.errors import ProblemError, not_found, refused
-from producers.http.headers import JsonBodyError, idempotency_key, strict_json, wait_seconds
+from producers.http.headers import JsonBodyError, strict_json, wait_seconds
 from producers.http.models import NO_CONTROL
 from producers.http.openapi import ERRORS
 from producers.http.problems import problem
 from producers.http.responses import JSON, read_capped
 from schemas.errors import ErrorCode
 from schemas.groups import GroupAnswer, GroupView
-from schemas.keys import InvalidIdempotencyKey
 
 GROUP_ID = re.compile(r"grp_[0-9a-f]{32}")
 MAX_GROUP_BODY_BYTES = 4 << 20
@@ -78,15 +78,7 @@ async def submit_group(request: Request, door: Door, context: Caller) -> Respons
     """Run a group of dependent calls: each step an ordinary ledgered call under a key derived
     from the group's key and the step id; independent steps run concurrently."""
     groups = _groups(door)
-    try:
-        key = idempotency_key(request.headers.getlist("idempotency-key"))
-    except InvalidIdempotencyKey as exc:
-        raise refused(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + ".") from None
-    if key is None:
-        raise refused(
-            ErrorCode.IDEMPOTENCY_KEY_MISSING,
-            "A group needs an Idempotency-Key header: it is the group's key.",
-        )
+    key = required_key(request, "A group needs an Idempotency-Key header: it is the group's key.")
     body = await _json_body(request)
     answer = await groups.submit(
         tenant_id=context.tenant_id,
