@@ -427,6 +427,14 @@ def serve(
             "raw arguments: this is the retention of sensitive data (7d, 24h, or 'forever')."
         ),
     ] = "7d",
+    mcp: Annotated[
+        bool,
+        typer.Option(
+            "--mcp",
+            help="Also serve the tools over MCP (streamable HTTP at /mcp) from this process, "
+            "on the same ledger, beside the HTTP API and its approval routes.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
@@ -450,6 +458,8 @@ def serve(
         raise typer.Exit(2)
     if kafka is not None:
         _require("kafka", "postgres", what="toolledger serve --kafka --postgres")
+    if mcp:
+        _require("mcp", what="toolledger serve --mcp")
 
     security = options.security(
         token_store,
@@ -484,7 +494,7 @@ def serve(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s
         )
         async with door as front:
-            await wiring.serve(front, host, port, limits)
+            await wiring.serve(front, host, port, limits, mcp_path="/mcp" if mcp else None)
 
     try:
         asyncio.run(main())

@@ -57,6 +57,8 @@ from toolledger.options import (
 )
 
 if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
+    from starlette.applications import Starlette
+
     from processors.tools.registry import ToolRegistry
     from producers.client import QueuedProbe, TrustedContext
     from producers.http.app import FrontDoor
@@ -156,6 +158,12 @@ def door_authenticator(door: FrontDoor) -> Authenticator:
     return door.tokens if door.authenticator is None else door.authenticator
 
 
+def mcp_http_app(door: FrontDoor, *, host: str, path: str, wait_s: float | None) -> Starlette:
+    """The MCP server of ``door`` as a Starlette app: streamable HTTP at ``path``, Bearer
+    tokens checked as the HTTP API checks them."""
+    return mcp_server(door, wait_s=wait_s).http_app(door_authenticator(door), path=path, host=host)
+
+
 async def serve_http(
     door: FrontDoor, host: str, port: int, *, wait_s: float | None, path: str = "/mcp"
 ) -> None:
@@ -163,8 +171,7 @@ async def serve_http(
 
     from toolledger.http_server import AnnouncingServer
 
-    server = mcp_server(door, wait_s=wait_s)
-    app = server.http_app(door_authenticator(door), path=path, host=host)
+    app = mcp_http_app(door, host=host, path=path, wait_s=wait_s)
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, lifespan="on"
     )

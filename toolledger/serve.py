@@ -267,7 +267,25 @@ def open_door(
 
 
 async def serve(
-    door: FrontDoor, host: str, port: int, limits: ConnectionLimits | None = None
+    door: FrontDoor,
+    host: str,
+    port: int,
+    limits: ConnectionLimits | None = None,
+    *,
+    mcp_path: str | None = None,
 ) -> None:
-    """Serve the HTTP API until SIGTERM/SIGINT (then return: the caller closes the ledger)."""
-    await serve_app(create_app(door), host, port, limits or ConnectionLimits())
+    """Serve the HTTP API until SIGTERM/SIGINT (then return: the caller closes the ledger).
+    With ``mcp_path``, the same process and port also serve the tools over MCP's streamable
+    HTTP there, on the same front door (so approvals asked for over MCP are decided on the
+    HTTP API's approval routes)."""
+    app = create_app(door)
+    limits = limits or ConnectionLimits()
+    if mcp_path is None:
+        await serve_app(app, host, port, limits)
+        return
+    from toolledger.mcp_wiring import mcp_http_app
+
+    mcp = mcp_http_app(door, host=host, path=mcp_path, wait_s=None)
+    app.router.routes[0:0] = [r for r in mcp.routes if getattr(r, "path", None) == mcp_path]
+    async with mcp.router.lifespan_context(mcp):  # the MCP session manager
+        await serve_app(app, host, port, limits)
