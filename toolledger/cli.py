@@ -438,7 +438,7 @@ def serve(
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
-    from producers.http.governance import RunBudget
+    from producers.http.door_state import RunBudget
     from schemas.topics import Topics
     from toolledger import serve as wiring
     from toolledger.http_server import ConnectionLimits

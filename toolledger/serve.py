@@ -20,7 +20,7 @@ from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.app import FrontDoor, ToolInfo, create_app
 from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
-from producers.http.governance import RunBudget
+from producers.http.door_state import RunBudget
 from producers.http.jwt_auth import (
     DEFAULT_ALGORITHMS,
     DEFAULT_LEEWAY_S,

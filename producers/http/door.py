@@ -14,7 +14,7 @@ from prometheus_client import Counter
 from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore, failure_counter
-from producers.http.governance import RunBudget, SwitchCache
+from producers.http.door_state import RunBudget, SwitchCache
 from producers.http.jwt_auth import JwtAuthenticator
 from producers.http.metrics import Metrics
 from producers.http.ratelimit import RateLimiter

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +20,7 @@ from producers import governance
 from producers.client import TransportError, TrustedContext
 from producers.http.errors import ProblemError, refused
 from producers.http.problems import problem
-from schemas.calls import ANY, CallQueries, SwitchView, effective_switch
+from schemas.calls import ANY, CallQueries, effective_switch
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalDenied,
@@ -40,49 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("toolledger.http")
 
-SWITCH_CACHE_S = 1.0
 PROJECTION_WAIT_S = 10.0
 
 Command = TypeVar("Command", bound=ApprovalGranted | ApprovalDenied | ToolDisabled | ToolEnabled)
-
-
-@dataclass(frozen=True, slots=True)
-class RunBudget:
-    """Per run: at most ``max_attempts`` handler attempts over all its calls, and no more
-    calls of a tool once one failure fingerprint of that tool repeated ``max_repeats`` times."""
-
-    max_attempts: int = 100
-    max_repeats: int = 3
-
-
-class SwitchCache:
-    """The switches in force per tenant, read from the projection at most once a second.
-
-    A pre-check only: the executor applies the switch authoritatively, in log order."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[float, list[SwitchView]]] = {}
-        self._loading: dict[str, asyncio.Task[list[SwitchView]]] = {}
-
-    async def get(
-        self, tenant_id: str, load: Callable[[str], Awaitable[list[SwitchView]]]
-    ) -> list[SwitchView]:
-        """One read per tenant at a time: the callers that find the entry stale while it is
-        read wait for that read (not 64 reads of the audit trail at once, every second)."""
-        now = time.monotonic()
-        cached = self._entries.get(tenant_id)
-        if cached is not None and now - cached[0] < SWITCH_CACHE_S:
-            return cached[1]
-        loading = self._loading.get(tenant_id)
-        if loading is None:
-            loading = self._loading[tenant_id] = asyncio.ensure_future(load(tenant_id))
-            loading.add_done_callback(lambda _: self._loading.pop(tenant_id, None))
-        switches = await asyncio.shield(loading)
-        self._entries[tenant_id] = (now, switches)
-        return switches
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 async def precheck(
