@@ -16,7 +16,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -27,6 +27,8 @@ from processors.ledger import (
     AttemptFinished,
     AttemptOutcome,
     CallContext,
+    CallState,
+    Cancel,
     ChangeSwitch,
     DecideApproval,
     Decision,
@@ -37,8 +39,17 @@ from processors.ledger import (
     FoundFailed,
     Gate,
     Inconclusive,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobOutcome,
+    JobRunning,
+    JobSucceeded,
+    JobUpdate,
+    Poll,
     ReconcileFinished,
     ReconcileOutcome,
+    RequestCancel,
     Submit,
     Success,
     Sweep,
@@ -46,7 +57,16 @@ from processors.ledger import (
 )
 from processors.ledger.governance import SwitchEvent
 from processors.ports import CallPort, Clock, SystemClock
-from processors.tools.manifest import HandlerResult, Impact, Tool, ToolContext, ToolError
+from processors.tools import manifest as tools
+from processors.tools.manifest import (
+    EffectClass,
+    HandlerResult,
+    Impact,
+    JobRef,
+    Tool,
+    ToolContext,
+    ToolError,
+)
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from processors.tracing import set_call_attributes, stage
@@ -59,7 +79,10 @@ from schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
+    JobStatus,
     ToolCallFailed,
+    ToolCallJobCancelRequested,
+    ToolCallJobReported,
     ToolCallRejected,
     ToolCallRequested,
     ToolCallSucceeded,
@@ -302,6 +325,89 @@ class Stages:
                 tracing.traced_decide(None, ChangeSwitch(change, partition)).events, final=True
             )
 
+    async def run_job_report(self, report: ToolCallJobReported, port: CallPort) -> None:
+        """The job of a long-running call reports (``POST /v1/calls/{id}/job``): decided by
+        the core in the key's partition, in order with the sweeper's polls, so the first word
+        that finishes the job wins and any later one is refused."""
+        env = report.envelope
+        with tracing.traced_run("job_report", port, env) as run:
+            located = self._job_call(report, run)
+            if isinstance(located, ToolCallRejected):
+                await run.commit([located], final=True)
+                return
+            tool, state, ctx = located
+            outcome = self._reported(tool, report)
+            if isinstance(outcome, ToolCallRejected):
+                await run.commit([outcome], final=True)
+                return
+            update = JobUpdate(
+                context=ctx,
+                outcome=outcome,
+                source="report",
+                by_intent=True,
+                policy=self.registry.policy(tool),
+                now=env.occurred_at,
+            )
+            await run.commit(tracing.traced_decide(state, update, ctx).events, final=True)
+
+    async def run_job_cancel(self, request: ToolCallJobCancelRequested, port: CallPort) -> None:
+        """``POST /v1/calls/{id}/job/cancel``: the core decides whether the tool's ``cancel``
+        may be called; once it returned, the call ends FAILED_FINAL with CANCELLED."""
+        env = request.envelope
+        with tracing.traced_run("job_cancel", port, env) as run:
+            located = self._job_call(request, run)
+            if isinstance(located, ToolCallRejected):
+                await run.commit([located], final=True)
+                return
+            tool, state, ctx = located
+            ask = RequestCancel(
+                context=ctx, can_cancel=tool.cancel is not None, now=env.occurred_at
+            )
+            decision = tracing.traced_decide(state, ask, ctx)
+            admitted = Admitted(tool, tool.arguments.model_construct(), ctx, "{}")
+            await self._drive(admitted, decision, run, by_intent=True)
+
+    def _job_call(
+        self, record: ToolCallJobReported | ToolCallJobCancelRequested, port: CallPort
+    ) -> tuple[Tool, CallState | None, CallContext] | ToolCallRejected:
+        """The tool, the call's state and the context the answer is stamped with: the call's
+        own (its digest, its tool version) under the record's intent id."""
+        env = record.envelope
+        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+            return _refusal(env, "The job record's call key does not match it.")
+        tool = self.registry.get(env.tool)
+        if tool is None or tool.effect is not EffectClass.LONG_RUNNING:
+            refused = ErrorInfo.of(ErrorCode.JOB_NOT_FOUND, "This call has no job.")
+            return _refusal(env, refused.message, refused)
+        state = port.state(env.call_key)
+        ctx = CallContext.of(env)
+        if state is not None:
+            ctx = state.context.model_copy(
+                update={
+                    "intent_id": env.intent_id,
+                    "principal": env.principal,
+                    "trace_id": env.trace_id,
+                }
+            )
+        return tool, state, ctx
+
+    def _reported(self, tool: Tool, report: ToolCallJobReported) -> JobOutcome | ToolCallRejected:
+        if report.status is JobStatus.RUNNING:
+            return JobRunning(report.progress)
+        if report.status is JobStatus.CANCELLED:
+            return JobCancelled("The job reported that it was cancelled.")
+        if report.status is JobStatus.FAILED:
+            return JobFailed(
+                report.error or ErrorInfo.of(ErrorCode.INTERNAL, "The job failed.", retryable=False)
+            )
+        try:
+            result = tool.result.model_validate(json.loads(report.result_json or "null"))
+            return JobSucceeded(canonical_json(result.model_dump(mode="json")))
+        except (ValueError, ValidationError, CanonicalJsonError):
+            return _refusal(
+                report.envelope, f"The reported result does not match {tool.name}'s result model."
+            )
+
     async def run_sweep(self, call_key: str, port: CallPort) -> None:
         """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
         with tracing.traced_run("sweep", port, None) as run:
@@ -369,6 +475,48 @@ class Stages:
                     ),
                     ctx,
                 )
+            elif isinstance(action, Poll):
+                assert state is not None
+                polled = await self._poll(tool, state)
+                decision = tracing.traced_decide(
+                    state,
+                    JobUpdate(
+                        context=ctx,
+                        outcome=polled,
+                        source="poll",
+                        by_intent=False,
+                        policy=self.registry.policy(tool),
+                        now=self.clock.now(),
+                    ),
+                    ctx,
+                )
+            elif isinstance(action, Cancel):
+                assert state is not None and state.job is not None
+                try:
+                    await self._cancel(tool, state)
+                except Exception as exc:
+                    log.warning(
+                        "cancel failed",
+                        extra={"tool": tool.name, "exception": type(exc).__name__},
+                    )
+                    failed = ErrorInfo.of(
+                        ErrorCode.INTERNAL,
+                        f"The job's cancel raised {type(exc).__name__}: it may still run.",
+                    )
+                    decision = Decision((_rejected(ctx, self.clock.now(), failed),))
+                    continue
+                decision = tracing.traced_decide(
+                    state,
+                    JobUpdate(
+                        context=ctx,
+                        outcome=JobCancelled(),
+                        source="cancel",
+                        by_intent=True,
+                        policy=self.registry.policy(tool),
+                        now=self.clock.now(),
+                    ),
+                    ctx,
+                )
             else:
                 found = await self._reconcile(tool, ctx, action.reconcile_attempt)
                 decision = tracing.traced_decide(
@@ -385,6 +533,44 @@ class Stages:
                     ),
                     ctx,
                 )
+
+    async def _poll(self, tool: Tool, state: CallState) -> JobOutcome:
+        """The tool's answer about the call's job; a poll that fails or answers something
+        that is not an answer learns nothing (the job is asked again later)."""
+        assert tool.poll is not None and state.job is not None
+        job = state.job
+        unchanged = JobRunning(job.progress)
+        ref = JobRef(job_id=job.id, progress=job.progress)
+        with stage("poll", state.context, job_id=job.id):
+            try:
+                async with asyncio.timeout(tool.timeout_s):
+                    answer = await tool.poll(ref, self._tool_context(tool, state.context, 0))
+                if isinstance(answer, tools.JobRunning):
+                    return JobRunning(answer.progress)
+                if isinstance(answer, tools.JobFailed):
+                    return JobFailed(answer.error)
+                if not isinstance(answer, tools.JobSucceeded):
+                    return unchanged
+                normalised = _normalise(tool, HandlerResult(answer.result), self.max_result_bytes)
+            except asyncio.CancelledError:
+                if _really_cancelled():
+                    raise
+                return unchanged
+            except Exception as exc:  # TimeoutError, the tool's bug, an invalid result
+                log.warning(
+                    "poll failed", extra={"tool": tool.name, "exception": type(exc).__name__}
+                )
+                return unchanged
+        if isinstance(normalised, Failure):
+            return JobFailed(normalised.error)
+        return JobSucceeded(normalised.result_json)
+
+    async def _cancel(self, tool: Tool, state: CallState) -> None:
+        assert tool.cancel is not None and state.job is not None
+        ref = JobRef(job_id=state.job.id, progress=state.job.progress)
+        with stage("cancel", state.context, job_id=state.job.id):
+            async with asyncio.timeout(tool.timeout_s):
+                await tool.cancel(ref, self._tool_context(tool, state.context, 0))
 
     def _tool_context(self, tool: Tool, ctx: CallContext, attempt: int) -> ToolContext:
         return ToolContext(
@@ -425,6 +611,8 @@ class Stages:
             )
             return TimedOut(f"{tool.name} raised {type(exc).__name__} after dispatch.")
         try:
+            if tool.effect is EffectClass.LONG_RUNNING:
+                return _job_accepted(returned)
             return _normalise(tool, returned, self.max_result_bytes)
         except (ValidationError, CanonicalJsonError) as exc:
             log.warning(
@@ -477,7 +665,10 @@ class Stages:
         error = (
             outcome.error
             if isinstance(outcome, Failure)
-            else ErrorInfo.of(ErrorCode.INTERNAL, outcome.reason)
+            else ErrorInfo.of(
+                ErrorCode.INTERNAL,
+                outcome.reason if isinstance(outcome, TimedOut) else "A read started a job.",
+            )
         )
         return ToolCallFailed(
             envelope=env(f"{ctx.intent_id}/failed/1", self.clock.now()),
@@ -496,11 +687,23 @@ def _switched_off(port: CallPort, ctx: CallContext) -> ErrorInfo | None:
     return disabled_error(switch.tenant_id == ANY, switch.tool == ANY, ctx.tool, switch.reason)
 
 
-def _refusal(env: Envelope, message: str) -> ToolCallRejected:
+def _refusal(env: Envelope, message: str, error: ErrorInfo | None = None) -> ToolCallRejected:
     return ToolCallRejected(
         envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
-        error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, message),
+        error=error or ErrorInfo.of(ErrorCode.VALIDATION_FAILED, message),
     )
+
+
+def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallRejected:
+    return ToolCallRejected(envelope=ctx.envelope(f"{ctx.intent_id}/rejected/1", now), error=error)
+
+
+def _job_accepted(returned: BaseModel | HandlerResult) -> JobAccepted:
+    """A long-running handler's job reference (a :class:`JobRef`, or its fields)."""
+    value: Any = returned.value if isinstance(returned, HandlerResult) else returned
+    raw = value.model_dump() if isinstance(value, BaseModel) else value
+    ref = JobRef.model_validate(raw)
+    return JobAccepted(ref.job_id, ref.progress)
 
 
 def _normalise(

@@ -41,6 +41,7 @@ from processors.ledger import (
     NotHappened,
     ReconcileOutcome,
     Success,
+    TimedOut,
     decide,
 )
 from processors.ledger.governance import ApprovalBook, Switch
@@ -421,7 +422,9 @@ def attempt_outcome(outcome: AttemptOutcome) -> Outcome:
         return Outcome("SUCCEEDED", downstream_request_id=outcome.downstream_request_id)
     if isinstance(outcome, Failure):
         return Outcome("FAILED", error_code=outcome.error.code)
-    return Outcome("UNKNOWN")
+    if isinstance(outcome, TimedOut):
+        return Outcome("UNKNOWN")
+    return Outcome("JOB_STARTED")
 
 
 def reconcile_outcome(found: ReconcileOutcome) -> Outcome:

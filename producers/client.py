@@ -24,8 +24,14 @@ from schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
+    JobStatus,
     Resolution,
     ToolCallFailed,
+    ToolCallJobCancelRequested,
+    ToolCallJobProgressed,
+    ToolCallJobReplayed,
+    ToolCallJobReported,
+    ToolCallJobStarted,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallRejected,
@@ -106,6 +112,8 @@ class CallResult:
     event: Event | None = field(default=None, compare=False)
     # the approval request an APPROVAL_REQUIRED refusal opened, as the HTTP API shows it
     approval_request: Mapping[str, Any] | None = field(default=None, compare=False)
+    # a long-running call's job (id, status, progress, started_at, updated_at), as JSON
+    job: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -337,6 +345,35 @@ class LedgerClient:
             hub.forget(record.intent_id, waiter)
 
 
+def job_record(
+    kind: str,
+    *,
+    context: TrustedContext,
+    tool: str,
+    idempotency_key: str,
+    status: str = "running",
+    progress: float | None = None,
+    result: Any = None,
+    error: ErrorInfo | None = None,
+) -> ToolCallJobReported | ToolCallJobCancelRequested:
+    """A job's report (``kind="report"``) or cancellation (``"cancel"``) for the intents
+    stream, in the partition of the call's key; the executor decides it against the call."""
+    intent_id = uuid.uuid4().hex
+    env = _envelope(context, tool, idempotency_key, f"{intent_id}/job-{kind}/1", None, None)
+    if kind == "cancel":
+        return ToolCallJobCancelRequested(envelope=env)
+    result_json = (
+        None if result is None else json.dumps(result, ensure_ascii=False, allow_nan=False)
+    )
+    return ToolCallJobReported(
+        envelope=env,
+        status=JobStatus(status),
+        progress=progress,
+        result_json=result_json,
+        error=error,
+    )
+
+
 def _envelope(
     context: TrustedContext,
     tool: str,
@@ -417,6 +454,26 @@ def result_of(event: Event) -> CallResult:
         result = json.loads(event.result_json) if event.result_json else None
         return CallResult(
             event.status, result, error=event.error, attempts=event.attempts, replayed=True, **base
+        )
+    if isinstance(event, ToolCallJobStarted | ToolCallJobProgressed | ToolCallJobReplayed):
+        job = event.job.model_dump(mode="json")
+        if isinstance(event, ToolCallJobReplayed) and event.status is not CallStatus.PENDING:
+            unknown = ErrorInfo.of(
+                ErrorCode.OUTCOME_UNKNOWN,
+                "The job ran past its timeout; its poll decides the outcome.",
+            )
+            return CallResult(
+                event.status, error=unknown, attempts=event.attempts, replayed=True, job=job, **base
+            )
+        running = ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call's job is running.")
+        return CallResult(
+            CallStatus.PENDING,
+            error=running,
+            attempts=event.attempts if isinstance(event, ToolCallJobReplayed) else 0,
+            replayed=isinstance(event, ToolCallJobReplayed),
+            running=True,
+            job=job,
+            **base,
         )
     if isinstance(event, ToolCallRejected):
         return CallResult(None, error=event.error, field_errors=tuple(event.field_errors), **base)

@@ -213,6 +213,18 @@ class HttpLedgerClient:
             raise TransportError(f"{response.url} answered {response.status_code}")
         return _json(response)
 
+    async def report_job(self, call_id: str, report: Mapping[str, Any]) -> tuple[int, Any]:
+        """A job reports its status (``POST /v1/calls/{id}/job``): (HTTP status, body)."""
+        response = await self._send(
+            "POST", f"/v1/calls/{quote(call_id, safe='')}/job", json=dict(report)
+        )
+        return response.status_code, _json(response)
+
+    async def cancel_job(self, call_id: str) -> tuple[int, Any]:
+        """Cancel a call's job (``POST /v1/calls/{id}/job/cancel``): (HTTP status, body)."""
+        response = await self._send("POST", f"/v1/calls/{quote(call_id, safe='')}/job/cancel")
+        return response.status_code, _json(response)
+
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return await self._http.request(method, path, **kwargs)
@@ -261,6 +273,7 @@ def _result_of(response: httpx.Response, call_id: str) -> CallResult:
         replayed=response.headers.get("idempotent-replayed") == "true",
         running=running,
         call_id=str(data.get("call_id", call_id)),
+        job=data.get("job"),
     )
 
 

@@ -15,7 +15,7 @@ from schemas.calls import CallFilter, CallView, Page, encode_cursor
 CALL_SELECT = (
     "SELECT call_id, tenant_id, tool_name, tool_version, idempotency_key, args_digest, status, "
     "result_json, error_json, attempts, run_id, step_id, created_at, updated_at, "
-    "last_event_id, last_intent_id, expired_at FROM tool_calls"
+    "last_event_id, last_intent_id, expired_at, state_json FROM tool_calls"
 )
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from schemas.errors import ErrorInfo
+from schemas.events import JobInfo
 from schemas.status import CallStatus
 
 
@@ -39,6 +40,9 @@ class CallView(BaseModel):
     # when the key passed its retention: the call stays findable, a new call with the key
     # executes as a new call (and replaces this record)
     expired_at: datetime | None = None
+    # a long-running call's job: id, status, progress, started_at, updated_at (rendered only
+    # for calls that have one)
+    job: JobInfo | None = None
     last_event_id: str  # internal: not rendered
     last_intent_id: str  # internal: not rendered
 
@@ -62,9 +66,18 @@ class CallView(BaseModel):
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             expired_at=row.get("expired_at"),
+            job=_job_of(row.get("state_json")),
             last_event_id=row["last_event_id"],
             last_intent_id=row["last_intent_id"],
         )
+
+
+def _job_of(state_json: str | None) -> JobInfo | None:
+    """The job in a row's folded state (the state is the executor's own ``CallState``)."""
+    if not state_json:
+        return None
+    job = json.loads(state_json).get("job")
+    return JobInfo.model_validate(job) if job else None
 
 
 @dataclass(frozen=True, slots=True)

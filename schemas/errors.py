@@ -28,6 +28,10 @@ class ErrorCode(StrEnum):
     RETRY_LIMIT_EXCEEDED = "RETRY_LIMIT_EXCEEDED"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     INTERNAL = "INTERNAL"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    JOB_FINISHED = "JOB_FINISHED"
+    JOB_NOT_CANCELLABLE = "JOB_NOT_CANCELLABLE"
+    CANCELLED = "CANCELLED"
 
 
 DOWNSTREAM_PREFIX = "DOWNSTREAM_"
@@ -81,6 +85,13 @@ _DEFAULTS: dict[ErrorCode, tuple[bool, str]] = {
         "Retry with the same key: the ledger checks the downstream before doing anything.",
     ),
     ErrorCode.INTERNAL: (True, "Retry with the same key; report the call id if it persists."),
+    ErrorCode.JOB_NOT_FOUND: (False, "Check the call id: it names no job of this tenant."),
+    ErrorCode.JOB_FINISHED: (False, "The job has finished: read the call for its outcome."),
+    ErrorCode.JOB_NOT_CANCELLABLE: (
+        False,
+        "This job cannot be cancelled: wait for it to finish, or ask an operator.",
+    ),
+    ErrorCode.CANCELLED: (False, "The job was cancelled: use a new key to start it again."),
 }
 
 

@@ -78,6 +78,25 @@ class Resolution(StrEnum):
     INCONCLUSIVE = "INCONCLUSIVE"
 
 
+class JobStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobInfo(BaseModel):
+    """The background job of a long-running call, as the Call resource shows it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    status: JobStatus = JobStatus.RUNNING
+    progress: float | None = None
+    started_at: datetime
+    updated_at: datetime
+
+
 class ToolCallRequested(Event):
     """The intent, as a producer appends it. The only event that carries raw arguments."""
 
@@ -145,6 +164,50 @@ class ToolCallKeyExpired(Event):
     retention_s: int
 
 
+class ToolCallJobStarted(Event):
+    """A long-running tool's handler started its job and returned the job's reference: the
+    call stays PENDING until the job finishes (poll, report or cancel)."""
+
+    TYPE: ClassVar[str] = "ToolCallJobStarted"
+    attempt: int
+    job: JobInfo
+    duration_ms: int
+
+
+class ToolCallJobProgressed(Event):
+    """A running job's progress, from a poll or a report (``source``)."""
+
+    TYPE: ClassVar[str] = "ToolCallJobProgressed"
+    job: JobInfo
+    source: str
+
+
+class ToolCallJobReplayed(Event):
+    """A call with the key of a job still running was answered with that job (no new one)."""
+
+    TYPE: ClassVar[str] = "ToolCallJobReplayed"
+    status: CallStatus
+    attempts: int
+    original_intent_id: str
+    job: JobInfo
+
+
+class ToolCallJobReported(Event):
+    """Intent: the job of a long-running call reports its status (``POST .../job``)."""
+
+    TYPE: ClassVar[str] = "ToolCallJobReported"
+    status: JobStatus
+    progress: float | None = None
+    result_json: str | None = None
+    error: ErrorInfo | None = None
+
+
+class ToolCallJobCancelRequested(Event):
+    """Intent: cancel the job of a long-running call (``POST .../job/cancel``)."""
+
+    TYPE: ClassVar[str] = "ToolCallJobCancelRequested"
+
+
 class ToolCallRejected(Event):
     TYPE: ClassVar[str] = "ToolCallRejected"
     error: ErrorInfo
@@ -209,6 +272,11 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ApprovalConsumed,
     ToolDisabled,
     ToolEnabled,
+    ToolCallJobStarted,
+    ToolCallJobProgressed,
+    ToolCallJobReplayed,
+    ToolCallJobReported,
+    ToolCallJobCancelRequested,
 )
 EVENTS_BY_TYPE: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_TYPES}
 
@@ -225,6 +293,9 @@ def answers_intent(event: Event) -> bool:
         | ToolCallOutcomeUnknown
         | ToolCallReplayed
         | ToolCallRejected
+        | ToolCallJobStarted
+        | ToolCallJobProgressed
+        | ToolCallJobReplayed
         | ApprovalRequested
         | ApprovalGranted
         | ApprovalDenied

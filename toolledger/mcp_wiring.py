@@ -138,6 +138,7 @@ def queued_probes(
             return (
                 view is not None
                 and view.status is CallStatus.PENDING
+                and view.job is None  # a running job is answered with the job
                 and view.last_intent_id != intent_id
                 and view.args_digest == digests[0]
             )

@@ -19,6 +19,8 @@ class Policy:
     max_rounds: int = 3  # execution rounds per call key (calls that find FAILED_RETRYABLE)
     has_reconcile: bool = False
     key_retention_s: int | None = None  # after the last terminal event; None: forever
+    long_running: bool = False  # the handler starts a job; poll, report or cancel end it
+    job_timeout_s: float | None = None  # a running job past this becomes UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,65 @@ class TimedOut:
     reason: str
 
 
-AttemptOutcome = Success | Failure | TimedOut
+@dataclass(frozen=True, slots=True)
+class JobAccepted:
+    """A long-running tool's handler started its job and returned its reference."""
+
+    job_id: str
+    progress: float | None = None
+
+
+AttemptOutcome = Success | Failure | TimedOut | JobAccepted
+
+
+@dataclass(frozen=True, slots=True)
+class JobRunning:
+    progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSucceeded:
+    result_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    error: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelled:
+    """The tool's ``cancel`` stopped the job."""
+
+    reason: str = "The job was cancelled."
+
+
+JobOutcome = JobRunning | JobSucceeded | JobFailed | JobCancelled
+
+
+@dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """What a job's poll, its own report or its cancellation says about it.
+
+    ``context``: of the report or cancel intent, or the call's own (a poll by the sweeper);
+    ``by_intent``: a report or a cancel, which is answered (a refusal when it does not apply);
+    a poll that does not apply records nothing."""
+
+    context: CallContext
+    outcome: JobOutcome
+    source: str  # "poll", "report" or "cancel"
+    by_intent: bool
+    policy: Policy
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancel:
+    """A cancel intent reached the key's partition: may the tool's ``cancel`` be called?"""
+
+    context: CallContext
+    can_cancel: bool  # the tool has a ``cancel``
+    now: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +197,8 @@ class Recover:
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """The background reconciler looks at an UNKNOWN key."""
+    """The background reconciler looks at an UNKNOWN key, or at a PENDING key whose job runs
+    (poll it, or time it out)."""
 
     policy: Policy
     now: datetime
@@ -177,6 +238,8 @@ Command = (
     | Expire
     | DecideApproval
     | ChangeSwitch
+    | JobUpdate
+    | RequestCancel
 )
 
 
@@ -193,4 +256,14 @@ class Reconcile:
     reconcile_attempt: int
 
 
-Action = Execute | Reconcile
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """Ask the tool's ``poll`` about the call's job."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Call the tool's ``cancel`` for the call's job."""
+
+
+Action = Execute | Reconcile | Poll | Cancel

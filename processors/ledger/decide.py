@@ -17,6 +17,7 @@ from processors.ledger.commands import (
     Action,
     ApprovalGate,
     AttemptFinished,
+    Cancel,
     ChangeSwitch,
     Command,
     DecideApproval,
@@ -26,11 +27,19 @@ from processors.ledger.commands import (
     FoundFailed,
     Gate,
     Inconclusive,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobRunning,
+    JobSucceeded,
+    JobUpdate,
     NotHappened,
     Policy,
+    Poll,
     Reconcile,
     ReconcileFinished,
     Recover,
+    RequestCancel,
     Submit,
     Success,
     Sweep,
@@ -46,8 +55,13 @@ from schemas.events import (
     ApprovalRequested,
     Event,
     FailureDisposition,
+    JobInfo,
+    JobStatus,
     Resolution,
     ToolCallFailed,
+    ToolCallJobProgressed,
+    ToolCallJobReplayed,
+    ToolCallJobStarted,
     ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
@@ -84,6 +98,10 @@ def decide(state: CallState | None, command: Command) -> Decision:
         return _change_switch(command)
     if isinstance(command, Expire):
         return _expire(state, command)
+    if isinstance(command, JobUpdate):
+        return _job_update(state, command)
+    if isinstance(command, RequestCancel):
+        return _request_cancel(state, command)
     return _sweep(state, command)
 
 
@@ -203,6 +221,21 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
                 ),
             )
         )
+    if _job_running(state) and state.status in _UNRESOLVED:
+        # a long-running call's job runs (or timed out, and polls resolve it): the same job
+        # answers, and nothing starts again
+        assert state.job is not None
+        return Decision(
+            (
+                ToolCallJobReplayed(
+                    envelope=ctx.envelope(_eid(ctx, "job-replayed"), now),
+                    status=state.status,
+                    attempts=state.attempts,
+                    original_intent_id=state.context.intent_id,
+                    job=state.job,
+                ),
+            )
+        )
     if state.status.is_final or (
         state.status is CallStatus.UNKNOWN and not cmd.policy.has_reconcile
     ):
@@ -282,6 +315,20 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
     if attempt != state.attempts:
         raise InvariantViolation(f"attempt {attempt} finished but attempt {state.attempts} ran")
     env = ctx.envelope
+    if isinstance(outcome, JobAccepted):
+        if not cmd.policy.long_running:
+            raise InvariantViolation("a job reference from a tool that is not long_running")
+        job = JobInfo(id=outcome.job_id, progress=outcome.progress, started_at=now, updated_at=now)
+        return Decision(
+            (
+                ToolCallJobStarted(
+                    envelope=env(_eid(ctx, "job-started", attempt), now),
+                    attempt=attempt,
+                    job=job,
+                    duration_ms=cmd.duration_ms,
+                ),
+            )
+        )
     if isinstance(outcome, Success):
         return Decision(
             (
@@ -402,8 +449,8 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
 def _recover(state: CallState | None, cmd: Recover) -> Decision:
     # Executor invariant, takeover half: a key found PENDING with no terminal event becomes
     # UNKNOWN and goes to reconcile; it is never re-run blind.
-    if state is None or state.status is not CallStatus.PENDING:
-        return Decision()
+    if state is None or state.status is not CallStatus.PENDING or _job_running(state):
+        return Decision()  # a started job outlives its executor: polls go on
     ctx = state.context
     return Decision(
         (
@@ -418,6 +465,25 @@ def _recover(state: CallState | None, cmd: Recover) -> Decision:
 
 
 def _sweep(state: CallState | None, cmd: Sweep) -> Decision:
+    if state is not None and _job_running(state) and cmd.policy.long_running:
+        assert state.job is not None
+        timeout = cmd.policy.job_timeout_s
+        if (
+            state.status is CallStatus.PENDING
+            and timeout is not None
+            and cmd.now >= state.job.started_at + timedelta(seconds=timeout)
+        ):
+            ctx = state.context
+            unknown = ToolCallOutcomeUnknown(
+                envelope=ctx.envelope(_eid(ctx, "unknown", state.attempts), cmd.now),
+                attempt=state.attempts,
+                reason=f"The job {state.job.id} ran longer than its timeout of {timeout:g} s; "
+                "its poll decides the outcome.",
+            )
+            return Decision((unknown,))
+        if state.status in _UNRESOLVED:
+            return Decision(action=Poll())
+        return Decision()
     if state is None or state.status is not CallStatus.UNKNOWN or not cmd.policy.has_reconcile:
         return Decision()
     return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
@@ -504,3 +570,107 @@ def _change_switch(cmd: ChangeSwitch) -> Decision:
     env = cmd.change.envelope
     stamped = env.model_copy(update={"event_id": f"{env.intent_id}/switch/{cmd.partition}"})
     return Decision((cmd.change.model_copy(update={"envelope": stamped}),))
+
+
+# -- long-running calls: the job's poll, its report, its cancellation ----------------------
+
+
+def _job_running(state: CallState) -> bool:
+    return state.job is not None and state.job.status is JobStatus.RUNNING
+
+
+def _job_refused(cmd: JobUpdate | RequestCancel, code: ErrorCode, message: str) -> Decision:
+    return Decision((_rejected(cmd.context, cmd.now, ErrorInfo.of(code, message)),))
+
+
+def _no_job(state: CallState | None, cmd: JobUpdate | RequestCancel) -> Decision | None:
+    """The refusal when the call has no running job (``None``: it has one)."""
+    if state is None or state.job is None:
+        return _job_refused(cmd, ErrorCode.JOB_NOT_FOUND, "This call has no job.")
+    if not _job_running(state) or state.status not in _UNRESOLVED:
+        return _job_refused(
+            cmd, ErrorCode.JOB_FINISHED, f"The job has finished ({state.status.value})."
+        )
+    return None
+
+
+def _job_update(state: CallState | None, cmd: JobUpdate) -> Decision:
+    """The first word that finishes a job wins: any later poll, report or cancel finds it
+    finished (a report or cancel is refused, a poll records nothing)."""
+    refused = _no_job(state, cmd)
+    if refused is not None:
+        return refused if cmd.by_intent else Decision()
+    assert state is not None and state.job is not None
+    ctx, now, outcome, job = cmd.context, cmd.now, cmd.outcome, state.job
+    if isinstance(outcome, JobRunning):
+        if not cmd.by_intent and outcome.progress == job.progress:
+            return Decision()  # a poll that learnt nothing new records nothing
+        progressed = job.model_copy(update={"progress": outcome.progress, "updated_at": now})
+        n = state.job_updates + 1
+        return Decision(
+            (
+                ToolCallJobProgressed(
+                    envelope=ctx.envelope(_eid(ctx, "job-progress", n), now),
+                    job=progressed,
+                    source=cmd.source,
+                ),
+            )
+        )
+    if state.status is CallStatus.UNKNOWN:  # a job that timed out: resolved by its answer
+        n = state.reconcile_attempts + 1
+        fields: dict[str, object] = {
+            "envelope": ctx.envelope(_eid(ctx, "reconciled", n), now),
+            "reconcile_attempt": n,
+            "downstream_request_id": job.id,
+        }
+        if isinstance(outcome, JobSucceeded):
+            fields |= {"resolution": Resolution.SUCCEEDED, "result_json": outcome.result_json}
+        else:
+            fields |= {"resolution": Resolution.FAILED_FINAL, "error": _job_error(outcome)}
+        return Decision((ToolCallReconciled.model_validate(fields),))
+    duration_ms = max(0, int((now - job.started_at).total_seconds() * 1000))
+    if isinstance(outcome, JobSucceeded):
+        return Decision(
+            (
+                ToolCallSucceeded(
+                    envelope=ctx.envelope(_eid(ctx, "succeeded", state.attempts), now),
+                    attempt=state.attempts,
+                    result_json=outcome.result_json,
+                    downstream_request_id=job.id,
+                    duration_ms=duration_ms,
+                ),
+            )
+        )
+    error = _job_error(outcome)
+    retryable = (
+        isinstance(outcome, JobFailed) and error.retryable and state.rounds < cmd.policy.max_rounds
+    )
+    return Decision(
+        (
+            ToolCallFailed(
+                envelope=ctx.envelope(_eid(ctx, "failed", state.attempts), now),
+                attempt=state.attempts,
+                error=error,
+                disposition=FailureDisposition.RETRYABLE if retryable else FailureDisposition.FINAL,
+                fingerprint=failure_fingerprint(ctx.tool, error),
+                duration_ms=duration_ms,
+            ),
+        )
+    )
+
+
+def _job_error(outcome: JobFailed | JobCancelled) -> ErrorInfo:
+    if isinstance(outcome, JobFailed):
+        return outcome.error
+    return ErrorInfo.of(ErrorCode.CANCELLED, outcome.reason)
+
+
+def _request_cancel(state: CallState | None, cmd: RequestCancel) -> Decision:
+    refused = _no_job(state, cmd)
+    if refused is not None:
+        return refused
+    if not cmd.can_cancel:
+        return _job_refused(
+            cmd, ErrorCode.JOB_NOT_CANCELLABLE, "The tool of this job has no cancel."
+        )
+    return Decision(action=Cancel())

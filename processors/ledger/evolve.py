@@ -9,8 +9,12 @@ from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     Event,
     FailureDisposition,
+    JobInfo,
+    JobStatus,
     Resolution,
     ToolCallFailed,
+    ToolCallJobProgressed,
+    ToolCallJobStarted,
     ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
@@ -67,20 +71,29 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
                 "attempts": event.attempt,
                 "rounds": event.round,
                 "round_attempts": 1 if new_round else state.round_attempts + 1,
+                "job": None,
+                "job_updates": 0,
                 "updated_at": env.occurred_at,
                 "last_event_id": env.event_id,
             }
         )
     if state is None:
         return None  # only a Started event creates a ledger entry
-    if isinstance(event, ToolCallSucceeded):
-        update: dict[str, object] = {
+    if isinstance(event, ToolCallJobStarted):
+        update: dict[str, object] = {"status": CallStatus.PENDING, "job": event.job}
+    elif isinstance(event, ToolCallJobProgressed):
+        update = {"job": event.job, "job_updates": state.job_updates + 1}
+    elif isinstance(event, ToolCallSucceeded):
+        update = {
             "status": CallStatus.SUCCEEDED,
             "result_json": event.result_json,
             "error": None,
+            "job": _job_ended(state.job, JobStatus.SUCCEEDED, env.occurred_at),
         }
     elif isinstance(event, ToolCallFailed):
         update = {"status": _FAILED_STATUS[event.disposition], "error": event.error}
+        if event.disposition is not FailureDisposition.RETRY:
+            update["job"] = _job_ended(state.job, _failed_job(event.error), env.occurred_at)
     elif isinstance(event, ToolCallOutcomeUnknown):
         update = {
             "status": CallStatus.UNKNOWN,
@@ -93,8 +106,12 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
         }
         if event.resolution is Resolution.SUCCEEDED:
             update |= {"result_json": event.result_json, "error": None}
+            update["job"] = _job_ended(state.job, JobStatus.SUCCEEDED, env.occurred_at)
         elif event.resolution is Resolution.FAILED_FINAL:
             update |= {"error": event.error}
+            if event.error is not None:
+                job = _job_ended(state.job, _failed_job(event.error), env.occurred_at)
+                update["job"] = job
         elif event.resolution is Resolution.NOT_HAPPENED:
             update |= {"error": NOT_HAPPENED_ERROR}
         else:  # INCONCLUSIVE: still UNKNOWN, with why
@@ -104,6 +121,17 @@ def evolve(state: CallState | None, event: Event) -> CallState | None:
     return state.model_copy(
         update=update | {"updated_at": env.occurred_at, "last_event_id": env.event_id}
     )
+
+
+def _failed_job(error: ErrorInfo) -> JobStatus:
+    return JobStatus.CANCELLED if error.code == ErrorCode.CANCELLED else JobStatus.FAILED
+
+
+def _job_ended(job: JobInfo | None, status: JobStatus, at: object) -> JobInfo | None:
+    """A call's job once the call has finished (``None``: the call had no job)."""
+    if job is None:
+        return None
+    return job.model_copy(update={"status": status, "updated_at": at})
 
 
 def fold(events: Iterable[Event], state: CallState | None = None) -> CallState | None:

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from schemas.errors import ErrorInfo
-from schemas.events import Envelope
+from schemas.events import Envelope, JobInfo
 from schemas.status import CallStatus
 
 
@@ -50,6 +50,8 @@ class CallState(BaseModel):
     reconcile_attempts: int = 0
     result_json: str | None = None
     error: ErrorInfo | None = None
+    job: JobInfo | None = None  # a long-running call's job, once its handler started it
+    job_updates: int = 0  # progress events of the job so far (numbers their event ids)
     created_at: datetime
     updated_at: datetime
     last_event_id: str

@@ -43,6 +43,9 @@ from schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     Event,
+    JobStatus,
+    ToolCallJobCancelRequested,
+    ToolCallJobReported,
     ToolCallKeyExpired,
     ToolCallRejected,
     ToolCallRequested,
@@ -66,6 +69,8 @@ Inbound = (
     | ToolDisabled
     | ToolEnabled
     | ToolCallRejected
+    | ToolCallJobReported
+    | ToolCallJobCancelRequested
 )
 _INBOUND = (
     ToolCallRequested,
@@ -74,7 +79,11 @@ _INBOUND = (
     ToolDisabled,
     ToolEnabled,
     ToolCallRejected,
+    ToolCallJobReported,
+    ToolCallJobCancelRequested,
 )
+_POLL_BACKOFF_BASE_S = 0.1
+_POLL_BACKOFF_CAP_S = 5.0
 
 
 class PartitionFailed(RuntimeError):
@@ -145,6 +154,8 @@ class PartitionWorker:
         self._background: list[asyncio.Task[None]] = []
         self._sweeping: set[str] = set()
         self._unknown: set[str] = set()  # keys in UNKNOWN: what the sweeper looks at
+        self._jobs: set[str] = set()  # PENDING keys whose job runs: the sweeper polls them
+        self._polls: dict[str, tuple[int, float]] = {}  # key -> (polls so far, next, monotonic)
         self._skip: set[int] = set()  # refused before a restart: not decided again
         self._refused: set[int] = set()  # offsets past the position answered with a refusal
         self._stored_refused: list[int] = []
@@ -178,7 +189,9 @@ class PartitionWorker:
                     state = evolve(state, event) or state
                 self.cache.set_state(key, state)
                 recovered.extend(events)
-        self._unknown = set(self.cache.unresolved())
+        unresolved = self.cache.unresolved()
+        self._unknown = {k for k, st in unresolved.items() if st.status is CallStatus.UNKNOWN}
+        self._jobs = {k for k, st in unresolved.items() if _job_runs(st)}
         if recovered:
             log.info(
                 "recovered in-flight calls as UNKNOWN",
@@ -235,6 +248,15 @@ class PartitionWorker:
             return
         if isinstance(intent, ToolCallRejected):
             self._spawn(intent.intent_id, self._stages.run_door_refusal(intent, port))
+            return
+        if isinstance(intent, ToolCallJobReported | ToolCallJobCancelRequested):
+            # on the key's chain: in order with the sweeper's polls of the same job
+            work = (
+                self._stages.run_job_report(intent, port)
+                if isinstance(intent, ToolCallJobReported)
+                else self._stages.run_job_cancel(intent, port)
+            )
+            self._spawn(intent.call_key, work, key=intent.call_key)
             return
         keyed = bool(intent.envelope.idempotency_key)
         chain = intent.call_key if keyed else intent.intent_id
@@ -450,7 +472,7 @@ class PartitionWorker:
         while True:
             await asyncio.sleep(self._sweep_interval_s)
             now = self._stages.clock.now()
-            for key in sorted(self._unknown - self._sweeping):
+            for key in sorted((self._unknown | self._jobs) - self._sweeping):
                 if not self._sweep_due(key, now):
                     continue
                 await self._sem.acquire()
@@ -458,15 +480,32 @@ class PartitionWorker:
                     self._sem.release()
                     continue
                 self._sweeping.add(key)
+                if _job_runs(self._known(key)):
+                    polls, _ = self._polls.get(key, (0, 0.0))
+                    wait = min(_POLL_BACKOFF_CAP_S, _POLL_BACKOFF_BASE_S * 2.0 ** min(polls, 8))
+                    self._polls[key] = (polls + 1, self._stages.clock.monotonic() + wait)
                 self._spawn(key, self._sweep(key), key=key)
             await self._expire_due(now)
 
     def _sweep_due(self, key: str, now: datetime) -> bool:
         """An UNKNOWN key whose tool can reconcile it, past its backoff, with no task on it."""
-        if key not in self._unknown or key in self._tails:
+        if (key not in self._unknown and key not in self._jobs) or key in self._tails:
             return False
         state = self._known(key)  # unresolved: held in the cache
         tool = self._stages.registry.get(state.context.tool)
+        if tool is not None and _job_runs(state):
+            # a job: polled with backoff, and timed out when its time is up
+            if tool.poll is None:
+                return False
+            timeout = tool.job_timeout_s
+            assert state.job is not None
+            if (
+                state.status is CallStatus.PENDING
+                and timeout is not None
+                and now >= state.job.started_at + timedelta(seconds=timeout)
+            ):
+                return True
+            return self._polls.get(key, (0, 0.0))[1] <= self._stages.clock.monotonic()
         if tool is None or tool.reconcile is None:
             return False
         wait = min(60.0, 2.0 ** min(state.reconcile_attempts, 6))
@@ -489,6 +528,8 @@ class PartitionWorker:
             # forgotten: the key is new again (the audit trail keeps its history)
             self.cache.forget(key)
             self._unknown.discard(key)
+            self._jobs.discard(key)
+            self._polls.pop(key, None)
             batch.states.pop(key, None)
             batch.approvals.pop(key, None)
             batch.expired.add(key)
@@ -514,6 +555,11 @@ class PartitionWorker:
             self._unknown.add(key)
         else:
             self._unknown.discard(key)
+        if _job_runs(state):
+            self._jobs.add(key)
+        else:
+            self._jobs.discard(key)
+            self._polls.pop(key, None)
 
     def _known(self, key: str) -> CallState:
         state = self.cache.state(key)
@@ -550,6 +596,15 @@ class PartitionWorker:
             await self._stages.run_sweep(key, _IntentPort(self, None))
         finally:
             self._sweeping.discard(key)
+
+
+def _job_runs(state: CallState) -> bool:
+    """A call whose job runs: PENDING (polled) or UNKNOWN after its timeout (polled too)."""
+    return (
+        state.job is not None
+        and state.job.status is JobStatus.RUNNING
+        and state.status in (CallStatus.PENDING, CallStatus.UNKNOWN)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from processors.tools.manifest import (
     Handler,
     HandlerResult,
     Impact,
+    JobRef,
     RetryPolicy,
     RiskTier,
     Tool,
@@ -45,9 +46,9 @@ REPLAY_SENTENCES = {
         "outcome without running it again; the same key with other arguments is refused."
     ),
     EffectClass.LONG_RUNNING: (
-        "Calling again with the same idempotency key and arguments returns the same job (its "
-        "final outcome once it has finished) and starts no other; the same key with other "
-        "arguments is refused."
+        "Calling again with the same idempotency key and arguments returns the same job, or "
+        "the stored outcome once it has finished, and starts no other; the same key with "
+        "other arguments is refused."
     ),
     EffectClass.READ_ONLY: "Read-only: needs no idempotency key and is never replayed.",
 }
@@ -137,6 +138,11 @@ def _signature_models(
                 f"{where} needs a return annotation naming its result model (a pydantic "
                 "model), e.g. `-> Created`"
             )
+        if returned is JobRef:
+            raise ToolRegistrationError(
+                f"{where} returns a JobRef (it starts a job): pass result=<model> for what the "
+                "finished job answers"
+            )
         if not (isinstance(returned, type) and issubclass(returned, BaseModel)):
             raise ToolRegistrationError(
                 f"{where} returns {returned!r}, not a pydantic model: annotate the result "
@@ -198,6 +204,7 @@ class ToolOptions(TypedDict, total=False):
     key_retention: timedelta | Literal["forever"]
     describe_impact: Callable[[Any], Impact]
     compensate: Compensation  # how a group undoes a completed call (a tool, an args function)
+    job_timeout_s: float  # long_running: how long the job may run before it is UNKNOWN
 
 
 def build_tool(
@@ -224,6 +231,7 @@ def build_tool(
         timeout_s=options.get("timeout_s", 10.0),
         retry=options.get("retry", RetryPolicy()),
         compensate=options.get("compensate"),
+        job_timeout_s=options.get("job_timeout_s"),
         redact_fields=frozenset(options.get("redact_fields", ())),
         scopes=frozenset(options.get("scopes", ("tools:call",))),
         open_world=options.get("open_world", True),

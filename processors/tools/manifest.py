@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from processors.groups.facts import Compensation
 from processors.ledger.commands import Policy, ReconcileOutcome
@@ -149,6 +149,45 @@ Handler = Callable[[Any, ToolContext], Awaitable[BaseModel | HandlerResult]]
 ReconcileHook = Callable[[ToolContext], Awaitable[ReconcileOutcome]]
 
 
+class JobRef(BaseModel):
+    """What a ``long_running`` tool's handler returns: the reference of the job it started
+    (its ``poll`` and ``cancel`` get it back)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str = Field(min_length=1, max_length=255)
+    status: Literal["running"] = "running"
+    progress: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRunning:
+    """A poll's answer: the job still runs."""
+
+    progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSucceeded:
+    """A poll's answer: the job has finished with this result (checked against the tool's
+    result model)."""
+
+    result: BaseModel | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    """A poll's answer: the job has failed for good (or, ``retryable``, may be started again
+    by a call with the same key)."""
+
+    error: ErrorInfo
+
+
+PollAnswer = JobRunning | JobSucceeded | JobFailed
+PollHook = Callable[[JobRef, ToolContext], Awaitable[PollAnswer]]
+CancelHook = Callable[[JobRef, ToolContext], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
@@ -175,6 +214,11 @@ class Tool:
     # default (ToolRegistry.default_key_retention, 24 hours unless --key-retention says)
     key_retention: timedelta | Literal["forever"] | None = None
     describe_impact: Callable[[Any], Impact] | None = None
+    # long_running only: how the executor asks about the job, stops it, and how long it may
+    # run before its outcome counts as UNKNOWN (then resolved by poll, never by a restart)
+    poll: PollHook | None = None
+    cancel: CancelHook | None = None
+    job_timeout_s: float | None = None
 
     def needs_approval(self, arguments: BaseModel) -> bool:
         if not self.keyed:
@@ -216,6 +260,8 @@ class Tool:
             max_attempts=self.retry.max_attempts,
             max_rounds=self.retry.max_rounds,
             has_reconcile=self.reconcile is not None,
+            long_running=self.effect is EffectClass.LONG_RUNNING,
+            job_timeout_s=self.job_timeout_s,
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -235,6 +281,17 @@ class Tool:
             "open_world": self.open_world,
             "reconcile": self.reconcile is not None,
             "compensation": self.compensate.tool if self.compensate else self.compensation,
+            **(
+                {
+                    "job": {
+                        "poll": self.poll is not None,
+                        "cancel": self.cancel is not None,
+                        "job_timeout_s": self.job_timeout_s,
+                    }
+                }
+                if self.effect is EffectClass.LONG_RUNNING
+                else {}
+            ),
             "idempotency_key_required": self.keyed,
             "redact_fields": sorted(self.redact_fields),
             "scopes": sorted(self.scopes),

@@ -12,7 +12,7 @@ from pydantic import AliasChoices, AliasPath, BaseModel
 
 from processors.ledger.commands import Policy
 from processors.tools.decorators import ReconcileFunction, ToolOptions, build_tool, reconcile_hook
-from processors.tools.manifest import EffectClass, RiskTier, Tool
+from processors.tools.manifest import CancelHook, EffectClass, PollHook, RiskTier, Tool
 from processors.tools.manifest import ToolRegistrationError as ToolRegistrationError
 from processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
@@ -56,6 +56,17 @@ class DecoratedTool:
         self._registry._policies.pop(self.name, None)
         return function
 
+    def poll(self, function: PollHook) -> PollHook:
+        """A long_running tool's poll: running, succeeded (with its result) or failed."""
+        self._registry._tools[self.name] = replace(self.tool, poll=function)
+        self._registry._awaiting_poll.discard(self.name)
+        return function
+
+    def cancel(self, function: CancelHook) -> CancelHook:
+        """A long_running tool's cancel: stops the job (the call ends CANCELLED)."""
+        self._registry._tools[self.name] = replace(self.tool, cancel=function)
+        return function
+
     async def __call__(self, *args: Any) -> Any:
         return await self.function(*args)
 
@@ -74,6 +85,7 @@ class ToolRegistry:
         # decorated tools whose risk needs a reconcile hook that ``@tool.reconcile`` adds
         # after the decorator ran: checked when the registry is first used
         self._awaiting_reconcile: set[str] = set()
+        self._awaiting_poll: set[str] = set()  # decorated long_running tools, until @.poll
 
     def set_default_key_retention(self, retention: KeyRetention) -> None:
         """The retention of tools whose manifest sets none (``--key-retention``)."""
@@ -131,6 +143,13 @@ class ToolRegistry:
                 for name in sorted(self._awaiting_reconcile)
             ]
             raise ToolRegistrationError("; ".join(problems))
+        if self._awaiting_poll:
+            raise ToolRegistrationError(
+                "; ".join(
+                    f"tool {name!r} cannot be registered: {_NEEDS_POLL}"
+                    for name in sorted(self._awaiting_poll)
+                )
+            )
 
     def register(self, tool: Tool) -> Tool:
         return self._register(tool, reconcile_later=False)
@@ -140,6 +159,9 @@ class ToolRegistry:
         if reconcile_later and _needs_reconcile(tool) in problems:
             problems.remove(_needs_reconcile(tool))
             self._awaiting_reconcile.add(tool.name)
+        if reconcile_later and _NEEDS_POLL in problems:
+            problems.remove(_NEEDS_POLL)
+            self._awaiting_poll.add(tool.name)
         if problems:
             raise ToolRegistrationError(
                 f"tool {tool.name!r} cannot be registered: " + "; ".join(problems)
@@ -178,6 +200,14 @@ class ToolRegistry:
             )
         if tool.timeout_s <= 0:
             problems.append("timeout_s must be positive")
+        if tool.effect is EffectClass.LONG_RUNNING and tool.poll is None:
+            problems.append(_NEEDS_POLL)
+        if tool.effect is not EffectClass.LONG_RUNNING and (
+            tool.poll is not None or tool.cancel is not None or tool.job_timeout_s is not None
+        ):
+            problems.append("poll, cancel and job_timeout_s are for long_running tools only")
+        if tool.job_timeout_s is not None and tool.job_timeout_s <= 0:
+            problems.append("job_timeout_s must be positive")
         if tool.retry.max_attempts < 1 or tool.retry.max_rounds < 1:
             problems.append("retry.max_attempts and retry.max_rounds must be >= 1")
         described = tool.description
@@ -192,6 +222,12 @@ class ToolRegistry:
         if unknown:
             problems.append(f"redact_fields names unknown argument fields {unknown}")
         return problems
+
+
+_NEEDS_POLL = (
+    "a long_running tool needs a poll hook (poll=..., or @<tool>.poll): its handler returns "
+    "a job reference and poll tells whether the job is running, succeeded or failed"
+)
 
 
 def _needs_reconcile(tool: Tool) -> str:

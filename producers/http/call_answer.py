@@ -46,6 +46,20 @@ async def answer(
         if isinstance(result.event, ApprovalRequested):
             body.approval_request = await governance.approval_request(door, result.event)
         return problem_response(body, retry_after(result.error.code))
+    if result.status is CallStatus.PENDING and result.job is not None and result.event:
+        # a long-running call's job runs: 202 with the job (a retry: the same job, replayed)
+        view = await projected(door, context.tenant_id, call_id, result.event.event_id)
+        if view is None:
+            return error_response(
+                ErrorCode.INTERNAL,
+                "The job started; its record is not readable yet.",
+                headers={"Retry-After": "1"},
+            )
+        headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
+        if view.status.is_final:  # it finished meanwhile: the outcome
+            return Response(view_bytes(view), media_type=JSON, headers=headers)
+        headers["Location"] = f"/v1/calls/{call_id}"
+        return Response(view_bytes(view), status_code=202, media_type=JSON, headers=headers)
     if result.status is CallStatus.PENDING:
         assert result.error is not None
         if result.error.code == ErrorCode.INTERNAL:  # not reached or not decided: retry
@@ -102,6 +116,7 @@ def queued_probe(
         return (
             view is not None
             and view.status is CallStatus.PENDING
+            and view.job is None  # a running job is answered (202, the job), never "in use"
             and view.last_intent_id != intent_id
             and view.args_digest == digest
         )

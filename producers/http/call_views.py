@@ -17,6 +17,8 @@ from schemas.status import CallStatus
 def view_bytes(view: CallView) -> bytes:
     # expired_at only once the key has expired: a live call renders as it always did
     hidden = HIDDEN if view.expired_at is not None else HIDDEN | {"expired_at"}
+    if view.job is None:  # a job only on long-running calls: other calls render as they did
+        hidden = hidden | {"job"}
     return view.model_dump_json(exclude=set(hidden)).encode()
 
 

@@ -47,7 +47,10 @@ OPERATOR = Token(f"op-{uuid.uuid4().hex}", "acme", "olga", ("operator",))
 # an operator who is also a caller: may not approve what it asked for itself
 SELF_OP = Token(f"selfop-{uuid.uuid4().hex}", "acme", "sam", ("tools:call", "operator"))
 PLATFORM_OP = Token(f"root-{uuid.uuid4().hex}", "platform", "root", ("operator", "operator:global"))
-TOKENS = (ACME, GLOBEX, NO_SCOPE, OPERATOR, SELF_OP, PLATFORM_OP)
+# what a background job reports its status with
+JOB_REPORTER = Token(f"jobs-{uuid.uuid4().hex}", "acme", "export-worker", ("jobs:report",))
+GLOBEX_REPORTER = Token(f"gjobs-{uuid.uuid4().hex}", "globex", "g-worker", ("jobs:report",))
+TOKENS = (ACME, GLOBEX, NO_SCOPE, OPERATOR, SELF_OP, PLATFORM_OP, JOB_REPORTER, GLOBEX_REPORTER)
 
 
 def write_tokens(path: Path) -> Path:

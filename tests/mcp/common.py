@@ -37,7 +37,14 @@ TOKENS = {
     ]
 }
 ACME = TrustedContext("acme", "agent-a")
-KEYED = {"create_ticket", "close_ticket", "send_email", "charge_card", "flaky_write"}
+KEYED = {
+    "create_ticket",
+    "close_ticket",
+    "send_email",
+    "charge_card",
+    "flaky_write",
+    "export_tickets",
+}
 NEEDS_APPROVAL = {"send_email", "charge_card"}
 CHARGE: dict[str, Any] = {"customer_id": "cus_secret_42", "amount_cents": 1250, "currency": "EUR"}
 APPROVAL_REQUEST_FIELDS = {

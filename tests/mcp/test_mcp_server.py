@@ -80,7 +80,8 @@ async def check_listing(client: Client) -> None:
         assert annotations.idempotent_hint is True
         assert annotations.open_world_hint is True
         assert annotations.destructive_hint is (name in {"send_email", "charge_card"})
-        assert tool.meta is not None and tool.meta["toolledger.dev/effect"] == "mutation"
+        effect = "long_running" if name == "export_tickets" else "mutation"
+        assert tool.meta is not None and tool.meta["toolledger.dev/effect"] == effect
     create = tools["create_ticket"].input_schema
     assert create["required"] == ["title", "idempotency_key"]  # the model's own arguments first
     assert create["additionalProperties"] is False

@@ -38,8 +38,15 @@ from schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
+    JobInfo,
+    JobStatus,
     Resolution,
     ToolCallFailed,
+    ToolCallJobCancelRequested,
+    ToolCallJobProgressed,
+    ToolCallJobReplayed,
+    ToolCallJobReported,
+    ToolCallJobStarted,
     ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
@@ -55,7 +62,7 @@ from schemas.status import CallStatus
 
 AVRO_ROOT = Path(codec.__file__).resolve().parent / "avro"
 NAMESPACE = "toolledger.events"
-SHARED = ("FieldError", "ErrorInfo", "Envelope")  # dependencies first
+SHARED = ("FieldError", "ErrorInfo", "Envelope", "JobInfo")  # dependencies first
 
 # ------------------------------------------------------------------------------------ samples
 
@@ -92,6 +99,8 @@ DOWNSTREAM_ERROR = ErrorInfo.downstream(
     suggested_action="Check the recipient address.",
 )
 RESULT = json.dumps({"message_id": "<abc@mail>", "accepted": ["ø@example.dk"]}, ensure_ascii=False)
+
+JOB = JobInfo(id="job_1", progress=None, started_at=T0, updated_at=T0)
 
 SAMPLES: list[Event] = [
     ToolCallRequested(
@@ -207,6 +216,28 @@ SAMPLES: list[Event] = [
         envelope=envelope(19), scope="tenant:tenant-a", actor="ops:carol", reason="incident #42"
     ),
     ToolEnabled(envelope=envelope(20), scope="*", actor="ops:carol", reason="resolved ✅"),
+    ToolCallJobStarted(envelope=envelope(21), attempt=1, job=JOB, duration_ms=3),
+    ToolCallJobProgressed(
+        envelope=envelope(22), job=JOB.model_copy(update={"progress": 0.4}), source="poll"
+    ),
+    ToolCallJobReplayed(
+        envelope=envelope(23),
+        status=CallStatus.PENDING,
+        attempts=1,
+        original_intent_id="intent-21",
+        job=JOB,
+    ),
+    ToolCallJobReported(
+        envelope=envelope(24),
+        status=JobStatus.FAILED,
+        error=ErrorInfo(
+            code="DOWNSTREAM_X", message="no", retryable=False, suggested_action="stop"
+        ),
+    ),
+    ToolCallJobReported(
+        envelope=envelope(25), status=JobStatus.SUCCEEDED, result_json='{"rows":3}'
+    ),
+    ToolCallJobCancelRequested(envelope=envelope(26)),
 ]
 
 
@@ -539,6 +570,8 @@ def _expected_avro_type(annotation: Any) -> Any:
         return "boolean"
     if annotation is int:
         return "long"
+    if annotation is float:
+        return "double"
     if annotation is datetime:
         return {"type": "long", "logicalType": "timestamp-micros"}
     if isinstance(annotation, type) and issubclass(annotation, StrEnum):

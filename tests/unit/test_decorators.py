@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from processors.tools.manifest import JobRef, JobSucceeded, PollAnswer
 from toolledger import (
     REPLAY_SENTENCES,
     EffectClass,
@@ -88,6 +89,10 @@ def test_each_effect_class_has_its_own_replay_sentence() -> None:
         Use when: a backup is due.
         """
         return Saved(note_id="job")
+
+    @export_notes.poll
+    async def export_done(job: JobRef, ctx: ToolContext) -> PollAnswer:
+        return JobSucceeded(Saved(note_id=job.job_id))
 
     read, job = registry.get("find_notes"), registry.get("export_notes")
     assert read is not None and job is not None

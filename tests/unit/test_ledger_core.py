@@ -21,6 +21,7 @@ from processors.ledger import (
     AttemptOutcome,
     CallContext,
     CallState,
+    Cancel,
     Command,
     Execute,
     Expire,
@@ -29,12 +30,21 @@ from processors.ledger import (
     FoundFailed,
     Inconclusive,
     InvariantViolation,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobOutcome,
+    JobRunning,
+    JobSucceeded,
+    JobUpdate,
     NotHappened,
     Policy,
+    Poll,
     Reconcile,
     ReconcileFinished,
     ReconcileOutcome,
     Recover,
+    RequestCancel,
     Submit,
     Success,
     Sweep,
@@ -54,8 +64,12 @@ from schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
+    JobInfo,
     Resolution,
     ToolCallFailed,
+    ToolCallJobProgressed,
+    ToolCallJobReplayed,
+    ToolCallJobStarted,
     ToolCallKeyExpired,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
@@ -230,6 +244,26 @@ def reconcile_done(outcome: ReconcileOutcome, *, by_intent: bool, policy: Policy
 
 
 RECOVER = Recover(now=NOW)
+
+P_JOB = Policy(long_running=True, job_timeout_s=3600)
+P_JOB_SHORT = Policy(long_running=True, job_timeout_s=1)
+
+
+def job_started(intent: str = "i1") -> Event:
+    job = JobInfo(id="job_1", started_at=T0, updated_at=T0)
+    return ToolCallJobStarted(envelope=_env(intent, "job-started", 1), attempt=1, job=job,
+                              duration_ms=1)
+
+
+def job_update(outcome: JobOutcome, intent: str = "i2", *, by_intent: bool = True,
+               source: str = "report") -> JobUpdate:
+    return JobUpdate(context=ctx(intent), outcome=outcome, source=source, by_intent=by_intent,
+                     policy=P_JOB, now=NOW)
+
+
+JOB_RUNNING = given(started(), job_started())
+JOB_TIMED_OUT = given(started(), job_started(), unknown())
+JOB_DONE = given(started(), job_started(), succeeded())
 
 
 def sweep(policy: Policy = P) -> Sweep:
@@ -437,6 +471,56 @@ ROWS: list[Row] = [
         Reconcile(reconcile_attempt=2), CallStatus.UNKNOWN),
     Row("sweep/unknown-without-hook", UNKNOWN, sweep(P_NO_HOOK), [], None, CallStatus.UNKNOWN),
     *_untouched_rows("sweep", sweep(), skip=frozenset({CallStatus.UNKNOWN})),
+    # ---- long-running calls: the job ---------------------------------------------------
+    Row("job/handler-returned-a-job-reference", given(started()),
+        finished(JobAccepted("job_1", 0.1), policy=P_JOB),
+        [ev(ToolCallJobStarted, "i1/job-started/1", attempt=1)], None, CallStatus.PENDING),
+    Row("job/retry-answers-the-same-job", JOB_RUNNING, submit(policy=P_JOB),
+        [ev(ToolCallJobReplayed, "i2/job-replayed/1", status=CallStatus.PENDING,
+            original_intent_id="i1")], None, CallStatus.PENDING),
+    Row("job/sweep-polls-a-running-job", JOB_RUNNING, sweep(P_JOB), [], Poll(),
+        CallStatus.PENDING),
+    Row("job/sweep-times-a-job-out", JOB_RUNNING, sweep(P_JOB_SHORT),
+        [ev(ToolCallOutcomeUnknown, "i1/unknown/1", attempt=1)], None, CallStatus.UNKNOWN),
+    Row("job/sweep-polls-a-timed-out-job", JOB_TIMED_OUT, sweep(P_JOB_SHORT), [], Poll(),
+        CallStatus.UNKNOWN),
+    Row("job/retry-of-a-timed-out-job-never-restarts", JOB_TIMED_OUT, submit(policy=P_JOB),
+        [ev(ToolCallJobReplayed, "i2/job-replayed/1", status=CallStatus.UNKNOWN)], None,
+        CallStatus.UNKNOWN),
+    Row("job/recover-keeps-a-running-job", JOB_RUNNING, RECOVER, [], None, CallStatus.PENDING),
+    Row("job/poll-succeeded", JOB_RUNNING, job_update(JobSucceeded(RESULT), "i1", by_intent=False),
+        [ev(ToolCallSucceeded, "i1/succeeded/1", result_json=RESULT,
+            downstream_request_id="job_1")], None, CallStatus.SUCCEEDED),
+    Row("job/poll-unchanged-records-nothing", JOB_RUNNING,
+        job_update(JobRunning(None), "i1", by_intent=False), [], None, CallStatus.PENDING),
+    Row("job/report-progress", JOB_RUNNING, job_update(JobRunning(0.4)),
+        [ev(ToolCallJobProgressed, "i2/job-progress/1", source="report")], None,
+        CallStatus.PENDING),
+    Row("job/report-failed", JOB_RUNNING, job_update(JobFailed(REFUSED)),
+        [ev(ToolCallFailed, "i2/failed/1", disposition=FINAL, code=REFUSED.code)], None,
+        CallStatus.FAILED_FINAL),
+    Row("job/report-after-the-poll-won-is-refused", JOB_DONE, job_update(JobSucceeded(RESULT)),
+        [_rejected(ErrorCode.JOB_FINISHED)], None, CallStatus.SUCCEEDED),
+    Row("job/poll-after-the-report-won-records-nothing", JOB_DONE,
+        job_update(JobSucceeded(RESULT), "i1", by_intent=False), [], None, CallStatus.SUCCEEDED),
+    Row("job/report-for-a-call-without-job", SUCCEEDED, job_update(JobRunning(0.5)),
+        [_rejected(ErrorCode.JOB_NOT_FOUND)], None, CallStatus.SUCCEEDED),
+    Row("job/poll-resolves-a-timed-out-job", JOB_TIMED_OUT,
+        job_update(JobSucceeded(RESULT), "i1", by_intent=False),
+        [ev(ToolCallReconciled, "i1/reconciled/1", resolution=Resolution.SUCCEEDED,
+            result_json=RESULT)], None, CallStatus.SUCCEEDED),
+    Row("job/cancel-without-a-cancel-hook", JOB_RUNNING,
+        RequestCancel(context=ctx("i2"), can_cancel=False, now=NOW),
+        [_rejected(ErrorCode.JOB_NOT_CANCELLABLE)], None, CallStatus.PENDING),
+    Row("job/cancel-calls-the-hook", JOB_RUNNING,
+        RequestCancel(context=ctx("i2"), can_cancel=True, now=NOW), [], Cancel(),
+        CallStatus.PENDING),
+    Row("job/cancel-of-a-finished-job", JOB_DONE,
+        RequestCancel(context=ctx("i2"), can_cancel=True, now=NOW),
+        [_rejected(ErrorCode.JOB_FINISHED)], None, CallStatus.SUCCEEDED),
+    Row("job/cancelled", JOB_RUNNING, job_update(JobCancelled(), source="cancel"),
+        [ev(ToolCallFailed, "i2/failed/1", disposition=FINAL, code="CANCELLED")], None,
+        CallStatus.FAILED_FINAL),
 ]
 
 
@@ -473,15 +557,18 @@ def _intent_of(row: Row, state: CallState | None) -> str:
     if isinstance(row.when, Recover | Sweep):
         assert state is not None
         return state.context.intent_id
-    assert isinstance(row.when, Submit | AttemptFinished | ReconcileFinished)
+    assert isinstance(
+        row.when, Submit | AttemptFinished | ReconcileFinished | JobUpdate | RequestCancel)
     return row.when.context.intent_id
 
 
 EVENT_ID = re.compile(r"^(?P<intent>[^/]+)/(?P<kind>started|succeeded|failed|unknown|reconciled"
-                      r"|replayed|rejected)/(?P<n>[1-9][0-9]*)$")
+                      r"|replayed|rejected|job-started|job-replayed|job-progress)/(?P<n>[1-9][0-9]*)$")
 KIND_OF = {ToolCallStarted: "started", ToolCallSucceeded: "succeeded", ToolCallFailed: "failed",
            ToolCallOutcomeUnknown: "unknown", ToolCallReconciled: "reconciled",
-           ToolCallReplayed: "replayed", ToolCallRejected: "rejected"}
+           ToolCallReplayed: "replayed", ToolCallRejected: "rejected",
+           ToolCallJobStarted: "job-started", ToolCallJobReplayed: "job-replayed",
+           ToolCallJobProgressed: "job-progress"}
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r.then], ids=lambda row: row.name)
@@ -516,8 +603,11 @@ def test_deciding_twice_is_byte_identical(row: Row) -> None:
     assert first == second
 
 
+ANSWERS_ONLY = (ToolCallReplayed, ToolCallRejected, ToolCallJobReplayed)  # no state change
+
+
 @pytest.mark.parametrize("row", [r for r in ROWS if r.then and all(
-    e.type in (ToolCallReplayed, ToolCallRejected) for e in r.then)], ids=lambda row: row.name)
+    e.type in ANSWERS_ONLY for e in r.then)], ids=lambda row: row.name)
 def test_replayed_and_rejected_leave_the_state_unchanged(row: Row) -> None:
     state = fold(row.given)
     assert state is not None
@@ -531,7 +621,7 @@ def test_replayed_and_rejected_leave_the_state_unchanged(row: Row) -> None:
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r.then and not all(
-    e.type in (ToolCallReplayed, ToolCallRejected) for e in r.then)], ids=lambda row: row.name)
+    e.type in ANSWERS_ONLY for e in r.then)], ids=lambda row: row.name)
 def test_state_changes_stamp_the_command_time(row: Row) -> None:
     state = fold(row.given)
     decision = decide(state, row.when)

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from processors.ledger import NotHappened, ReconcileOutcome
 from processors.tools.manifest import (
     EffectClass,
+    JobRef,
+    JobRunning,
+    PollAnswer,
     RetryPolicy,
     RiskTier,
     Tool,
@@ -48,6 +51,10 @@ async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
     return NotHappened()
 
 
+async def poll(job: JobRef, ctx: ToolContext) -> PollAnswer:
+    return JobRunning()
+
+
 DESCRIPTION = ToolDescription(
     summary="Do a thing.", when_to_use="When the thing must be done.",
     when_not_to_use="When it is done.", preconditions="None.",
@@ -59,7 +66,8 @@ def make_tool(name: str = "do_thing", *, effect: EffectClass = EffectClass.MUTAT
               arguments: type[BaseModel] = Args, **changes: Any) -> Tool:
     tool = Tool(name=name, version="1", arguments=arguments, result=Result, handler=handler,
                 description=DESCRIPTION, effect=effect, risk=risk,
-                reconcile=reconcile if with_reconcile else None)
+                reconcile=reconcile if with_reconcile else None,
+                poll=poll if effect is EffectClass.LONG_RUNNING else None)
     return replace(tool, **changes) if changes else tool
 
 
@@ -205,6 +213,7 @@ HELPDESK: dict[str, tuple[EffectClass, RiskTier, bool]] = {
     "send_email": (EffectClass.MUTATION, RiskTier.HIGH, True),
     "charge_card": (EffectClass.MUTATION, RiskTier.IRREVERSIBLE, True),
     "flaky_write": (EffectClass.MUTATION, RiskTier.LOW, True),
+    "export_tickets": (EffectClass.LONG_RUNNING, RiskTier.LOW, True),
 }
 
 
@@ -217,8 +226,8 @@ def helpdesk(tmp_path: Path) -> Iterator[ToolRegistry]:
         store.close()
 
 
-def test_helpdesk_registers_all_six_tools(helpdesk: ToolRegistry) -> None:
-    assert len(helpdesk) == 6
+def test_helpdesk_registers_all_seven_tools(helpdesk: ToolRegistry) -> None:
+    assert len(helpdesk) == 7
     assert [t.name for t in helpdesk] == sorted(HELPDESK)
 
 
@@ -308,3 +317,15 @@ def test_the_default_impact_says_what_runs_and_whether_it_can_be_undone() -> Non
     impact = make_tool(risk=RiskTier.IRREVERSIBLE, with_reconcile=True).impact(Args(target="x"))
     assert impact.irreversible is True and "do_thing" in impact.summary
     assert set(impact.to_json()) == {"summary", "target", "scope", "cost", "irreversible"}
+
+
+def test_a_long_running_tool_without_poll_is_refused() -> None:
+    registry = ToolRegistry()
+    with pytest.raises(ToolRegistrationError, match="poll"):
+        registry.register(make_tool(effect=EffectClass.LONG_RUNNING, poll=None))
+    assert len(registry) == 0
+
+
+def test_poll_and_cancel_are_for_long_running_tools_only() -> None:
+    with pytest.raises(ToolRegistrationError, match="long_running tools only"):
+        ToolRegistry().register(make_tool(poll=poll))

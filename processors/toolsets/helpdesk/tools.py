@@ -7,16 +7,23 @@ import json
 import uuid
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from processors.groups import Compensation
-from processors.ledger import Found, NotHappened, ReconcileOutcome
+from processors.ledger import Found, Inconclusive, NotHappened, ReconcileOutcome
+from processors.tools.decorators import REPLAY_SENTENCES
 from processors.tools.manifest import (
     EffectClass,
     HandlerResult,
     Impact,
+    JobFailed,
+    JobRef,
+    JobRunning,
+    JobSucceeded,
+    PollAnswer,
     ReconcileHook,
     RetryPolicy,
     RiskTier,
@@ -27,6 +34,7 @@ from processors.tools.manifest import (
 )
 from processors.tools.registry import ToolRegistry
 from processors.toolsets.helpdesk.store import HelpdeskStore
+from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -94,6 +102,17 @@ class Written(BaseModel):
     write_id: str
 
 
+class ExportArgs(BaseModel):
+    model_config = _STRICT
+    # how long the export takes (a real job would take as long as it takes)
+    delay_ms: Annotated[int, Field(ge=0, le=600_000)] = 0
+
+
+class Exported(BaseModel):
+    path: str
+    tickets: int
+
+
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
@@ -103,6 +122,63 @@ class Helpdesk:
 
     def __init__(self, store: HelpdeskStore) -> None:
         self.store = store
+        self.exports = store.path.parent / "exports"
+        self._jobs: dict[str, asyncio.Task[None]] = {}
+
+    def _export_file(self, job_id: str) -> Path:
+        return self.exports / f"{job_id}.json"
+
+    async def export_tickets(self, args: ExportArgs, ctx: ToolContext) -> JobRef:
+        """Starts a background job that writes the tenant's tickets to a file; the call's key
+        is recorded beside the job (the effect), so reconcile can find it."""
+        job_id = self._effect(ctx, "job", args)
+        self._jobs[job_id] = asyncio.get_running_loop().create_task(
+            self._export(job_id, ctx.tenant_id, args.delay_ms)
+        )
+        return JobRef(job_id=job_id)
+
+    async def _export(self, job_id: str, tenant_id: str, delay_ms: int) -> None:
+        await asyncio.sleep(delay_ms / 1000)
+        tickets = self.store.tickets(tenant_id)
+        target = self._export_file(job_id)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial_file = target.with_suffix(".part")
+        partial_file.write_text(json.dumps(tickets))
+        partial_file.replace(target)  # a finished export is whole, never half-written
+
+    async def poll_export(self, job: JobRef, ctx: ToolContext) -> PollAnswer:
+        target = self._export_file(job.job_id)
+        if target.exists():
+            count = len(json.loads(target.read_text()))
+            return JobSucceeded(Exported(path=str(target), tickets=count))
+        task = self._jobs.get(job.job_id)
+        if task is not None and not task.done():
+            return JobRunning()
+        reason = "was cancelled" if task is not None and task.cancelled() else "is gone"
+        return JobFailed(
+            ErrorInfo(
+                code=f"{DOWNSTREAM_PREFIX}EXPORT_LOST",
+                message=f"The export job {reason} before it wrote its file.",
+                retryable=False,
+                suggested_action="Start a new export with a new idempotency key.",
+            )
+        )
+
+    async def reconcile_export(self, ctx: ToolContext) -> ReconcileOutcome:
+        """By key: no job started (it may start now), a finished export, or a job whose file
+        is not there yet (ask again later)."""
+        found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+        if found is None:
+            return NotHappened()
+        answer = await self.poll_export(JobRef(job_id=found[0]), ctx)
+        if isinstance(answer, JobSucceeded):
+            return Found(Exported.model_validate(answer.result).model_dump_json())
+        return Inconclusive(f"the export job {found[0]} has not finished")
+
+    async def cancel_export(self, job: JobRef, ctx: ToolContext) -> None:
+        task = self._jobs.get(job.job_id)
+        if task is not None:
+            task.cancel()
 
     def _effect(
         self,
@@ -320,6 +396,26 @@ def helpdesk_registry(
                 "Real work.",
                 "None.",
                 _REPLAY,
+            ),
+        ),
+        Tool(
+            name="export_tickets",
+            version="1",
+            arguments=ExportArgs,
+            result=Exported,
+            handler=desk.export_tickets,
+            effect=EffectClass.LONG_RUNNING,
+            timeout_s=timeout_s,
+            poll=desk.poll_export,
+            cancel=desk.cancel_export,
+            job_timeout_s=600.0,
+            reconcile=desk.reconcile_export,
+            description=ToolDescription(
+                "Export every ticket of the caller's tenant to a file, as a background job.",
+                "A report or a backup of the tickets is needed.",
+                "Looking at a few tickets (list_tickets answers at once).",
+                "None.",
+                REPLAY_SENTENCES[EffectClass.LONG_RUNNING],
             ),
         ),
     ):
