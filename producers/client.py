@@ -125,6 +125,7 @@ class CallResult:
 
     def to_json(self) -> dict[str, Any]:
         """The shape callers and models see."""
+        job = {"job": dict(self.job)} if self.job is not None else {}
         if self.ok:
             return {
                 "ok": True,
@@ -133,6 +134,7 @@ class CallResult:
                 "replayed": self.replayed,
                 "attempts": self.attempts,
                 "call_id": self.call_id,
+                **job,
             }
         body: dict[str, Any] = {
             "ok": False,
@@ -144,7 +146,7 @@ class CallResult:
         }
         if self.field_errors:
             body["error"]["field_errors"] = [f.model_dump() for f in self.field_errors]
-        return body
+        return body | job  # a running job: ask again with the same key for its outcome
 
 
 class LedgerClient:

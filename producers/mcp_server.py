@@ -333,6 +333,7 @@ def mcp_output_schema(spec: ToolSpec) -> dict[str, Any]:
             "attempts": {"type": "integer", "minimum": 0},
             "call_id": {"type": "string"},
             "approval_request": {"type": "object"},
+            "job": {"type": "object"},  # a long-running call's job
         },
         "required": ["ok", "status", "replayed", "attempts", "call_id"],
         "oneOf": [

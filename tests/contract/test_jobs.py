@@ -98,6 +98,7 @@ async def test_a_retry_returns_the_same_job_and_starts_no_other(ledger: Harness)
     _job_tool(ledger, jobs, "export_same")
     first = await _call(ledger, "export_same", "job-k1")
     assert first.status is CallStatus.PENDING and first.job is not None, first
+    assert first.to_json()["job"]["id"] == first.job["id"]  # what a model or MCP client reads
     again = await _call(ledger, "export_same", "job-k1", wait=0.2)
     assert again.status is CallStatus.PENDING and again.replayed
     assert again.job is not None and again.job["id"] == first.job["id"]
