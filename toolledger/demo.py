@@ -282,12 +282,36 @@ async def _group(ledger: EmbeddedLedger, checks: Checks, store: HelpdeskStore) -
     return status
 
 
+async def _job(ledger: EmbeddedLedger, checks: Checks, store: HelpdeskStore) -> str:
+    """A long-running tool: the export starts a background job, a retry gets the same job and
+    starts none, and once the sweeper's poll sees the file the retry gets its outcome."""
+    key = _key("export-tickets")
+    args = {"delay_ms": 300}
+    first = await ledger.client.call("export_tickets", args, idempotency_key=key, context=AGENT)
+    again = await ledger.client.call(
+        "export_tickets", args, idempotency_key=key, context=AGENT, wait=0
+    )
+    job = first.job or {}
+    checks.expect(first.status is CallStatus.PENDING and bool(job), "job: the call is PENDING")
+    checks.expect((again.job or {}).get("id") == job.get("id"), "job: a retry gets the same job")
+    final = again
+    for _ in range(200):  # the sweeper polls the job; ask again until it has finished
+        await asyncio.sleep(0.1)
+        final = await ledger.client.call("export_tickets", args, idempotency_key=key, context=AGENT)
+        if final.status is not CallStatus.PENDING:
+            break
+    checks.expect(final.ok, f"job: finished {final.status}, expected SUCCEEDED")
+    started = store.effect_count(AGENT.tenant_id, "export_tickets", key)
+    checks.expect(started == 1, f"job: {started} jobs started, expected 1")
+    return str((final.result or {}).get("path", ""))
+
+
 async def run_demo(workdir: Path, console: Console) -> Checks:
     store = HelpdeskStore(workdir / "downstream.db")
     registry = helpdesk_registry(store, flaky_timeout_s=1.0, retry=RetryPolicy(backoff_base_s=0.05))
     checks = Checks()
     async with EmbeddedLedger(
-        workdir / "ledger.db", registry, sweep_interval_s=30, create=True
+        workdir / "ledger.db", registry, sweep_interval_s=0.2, create=True
     ) as ledger:
         for number, scene in enumerate(SCENES, 1):
             with console.status(f"[bold]scene {number}/{len(SCENES)}[/]: {scene.title}"):
@@ -306,6 +330,9 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
         console.print(
             f"[green]✓[/] call group: ticket opened, write refused, ticket closed again ({status})"
         )
+        with console.status("[bold]long-running job[/]: one export, however often it is asked"):
+            path = await _job(ledger, checks, store)
+        console.print(f"[green]✓[/] long-running job: one export, the same job on retry ({path})")
         assert ledger.runtime is not None and ledger.log is not None
         await ledger.runtime.drain()
         console.print(_audit_table(ledger, {s.key for s in SCENES}))
