@@ -1,20 +1,44 @@
-"""The call groups' read model: ``tool_call_groups`` (one row per group, its resource) and
-``tool_call_group_steps`` (one row per step, for support staff's searches by call or tool).
-Written in the group log's transaction with each group event, from the group's view; the
-queries are written once over a :class:`~projections.dialect.Dialect`. The SQLite tables are
-made here; PostgreSQL's by migration 0004."""
+"""The call groups' log and read model, written once over a :class:`~projections.dialect.Dialect`.
+
+- ``group_log``: the orchestrator's events, in order per group (the source of its state);
+  ``group_meta``: who submitted the group, when, and whether it has finished;
+- ``tool_call_groups`` (one row per group, its resource) and ``tool_call_group_steps`` (one
+  row per step, for support staff's searches by call or tool): the read model, written in the
+  same transaction as each event, from the group's view.
+
+:class:`SqliteGroupLog` keeps them in the embedded ledger file (tables made here);
+:mod:`projections.postgres_groups` in PostgreSQL (tables made by migration 0004)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
+from processors.groups.views import GroupMeta
 from projections.dialect import SQLITE, Dialect, Query
 from schemas.groups import GroupView
 
 DDL = """
+CREATE TABLE IF NOT EXISTS group_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    group_id TEXT NOT NULL,
+    event_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS group_log_by_group ON group_log (group_id, seq);
+CREATE TABLE IF NOT EXISTS group_meta (
+    group_id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    scopes_json TEXT NOT NULL,
+    group_key TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    finished INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS group_meta_unfinished ON group_meta (finished, group_id);
 CREATE TABLE IF NOT EXISTS tool_call_groups (
     group_id TEXT PRIMARY KEY,
     tenant_id TEXT NOT NULL,
@@ -39,6 +63,59 @@ CREATE TABLE IF NOT EXISTS tool_call_group_steps (
 );
 CREATE INDEX IF NOT EXISTS tool_call_group_steps_by_call ON tool_call_group_steps (call_id);
 """
+
+
+def appended(d: Dialect, meta: GroupMeta, events: Sequence[str], view: GroupView) -> list[Query]:
+    """One append: the group's meta (first time), its new events, whether it has finished,
+    and its read-model rows. Run them in one transaction."""
+    m = d.mark
+    return [
+        (
+            "INSERT INTO group_meta (group_id, tenant_id, principal, scopes_json, group_key,"
+            f" created_at) VALUES ({m}, {m}, {m}, {m}, {m}, {m})"
+            " ON CONFLICT (group_id) DO NOTHING",
+            (
+                meta.group_id,
+                meta.tenant_id,
+                meta.principal,
+                json.dumps(list(meta.scopes)),
+                meta.group_key,
+                d.time(meta.created_at),
+            ),
+        ),
+        *(
+            (f"INSERT INTO group_log (group_id, event_json) VALUES ({m}, {m})", (meta.group_id, e))
+            for e in events
+        ),
+        (
+            f"UPDATE group_meta SET finished = {m} WHERE group_id = {m}",
+            (view.finished, meta.group_id),
+        ),
+        *group_rows(d, meta.tenant_id, view),
+    ]
+
+
+def meta_query(d: Dialect, group_id: str) -> Query:
+    return (
+        "SELECT tenant_id, principal, scopes_json, group_key, created_at FROM group_meta"
+        f" WHERE group_id = {d.mark}",
+        (group_id,),
+    )
+
+
+def events_query(d: Dialect, group_id: str) -> Query:
+    return (f"SELECT event_json FROM group_log WHERE group_id = {d.mark} ORDER BY seq", (group_id,))
+
+
+UNFINISHED: Query = (
+    "SELECT group_id FROM group_meta WHERE finished = FALSE ORDER BY created_at",
+    (),
+)
+
+
+def meta_of(group_id: str, row: Sequence[Any]) -> GroupMeta:
+    created = row[4] if isinstance(row[4], datetime) else datetime.fromisoformat(row[4])
+    return GroupMeta(group_id, row[0], row[1], tuple(json.loads(row[2])), row[3], created)
 
 
 def group_rows(d: Dialect, tenant_id: str, view: GroupView) -> list[Query]:
@@ -104,19 +181,45 @@ def views(rows: Iterable[Sequence[Any]]) -> list[GroupView]:
     return [GroupView.model_validate(json.loads(row[0])) for row in rows]
 
 
-class SqliteGroupProjection:
-    """What the embedded group log is handed: the rows, in the log's transaction."""
+class SqliteGroupLog:
+    """The group log in the embedded ledger file, written on the event loop (no await inside)
+    in one short transaction per append, as the executor's commits are. One process holds the
+    file (its lock), so it drives every group: a claim always holds."""
 
-    ddl = DDL
-
-    def apply(self, conn: sqlite3.Connection, tenant_id: str, view: GroupView) -> None:
-        for sql, params in group_rows(SQLITE, tenant_id, view):
-            conn.execute(sql, params)
-
-
-class SqliteGroupReads:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        with self._transaction():
+            for statement in DDL.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    async def claim(self, group_id: str) -> bool:
+        return True
+
+    async def append(self, meta: GroupMeta, events: Sequence[str], view: GroupView) -> None:
+        with self._transaction():
+            for sql, params in appended(SQLITE, meta, events, view):
+                self._conn.execute(sql, params)
+
+    async def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None:
+        row = self._conn.execute(*meta_query(SQLITE, group_id)).fetchone()
+        if row is None:
+            return None
+        events = [r[0] for r in self._conn.execute(*events_query(SQLITE, group_id))]
+        return meta_of(group_id, row), events
+
+    async def unfinished(self) -> list[str]:
+        return [r[0] for r in self._conn.execute(*UNFINISHED)]
 
     async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
         sql, params = search_groups(SQLITE, tenant_id, run_id, limit)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from processors.runtime.group_log import SqliteGroupLog
 from processors.runtime.group_runner import (
     STEP_WAIT_S,
     GroupLog,
@@ -20,7 +19,7 @@ from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.group_tools import step_tools
 from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
-from projections.groups import SqliteGroupProjection, SqliteGroupReads
+from projections.groups import SqliteGroupLog
 from schemas.events import ApprovalRequested
 
 
@@ -66,5 +65,5 @@ def embedded_groups(
     log: SqliteLog, client: Caller, registry: Callable[[], ToolRegistry]
 ) -> GroupRunner:
     """Groups in the ledger file: the executor's process drives them (it holds the lock)."""
-    group_log = SqliteGroupLog(log.conn, SqliteGroupProjection())
-    return ledger_groups(group_log, SqliteGroupReads(log.conn), client, registry)
+    group_log = SqliteGroupLog(log.conn)
+    return ledger_groups(group_log, group_log, client, registry)

@@ -121,31 +121,19 @@ def queued_probes(
     ``idempotency_key_in_progress``) instead of waiting on for the running call's outcome.
     Arguments that differ from the key's first ones are never "in use": the executor refuses
     them at once."""
-    from schemas.status import CallStatus
+    from producers.http.call_answer import queued_probe
 
     def probe(context: TrustedContext, tool: str, arguments: Mapping[str, Any]) -> QueuedProbe:
         info = door.tools.get(tool)
-        digests: list[str | None] = []
-
-        async def queued(call_id: str, intent_id: str) -> bool:
-            if info is None:
-                return False
-            if not digests:  # computed once, and only when a wait has run out
-                digests.append(info.digest(dict(arguments)))
-            if digests[0] is None:
-                return False
-            view = await door.queries.get(context.tenant_id, call_id)
-            return (
-                view is not None
-                and view.status is CallStatus.PENDING
-                and view.job is None  # a running job is answered with the job
-                and view.last_intent_id != intent_id
-                and view.args_digest == digests[0]
-            )
-
-        return queued
+        if info is None:
+            return _never_queued
+        return queued_probe(door, context, info, dict(arguments))
 
     return probe
+
+
+async def _never_queued(_call_id: str, _intent_id: str) -> bool:
+    return False  # an unknown tool: the executor refuses the call at once
 
 
 async def run_stdio(door: FrontDoor, context: TrustedContext, *, wait_s: float | None) -> None:

@@ -33,6 +33,7 @@ from processors.groups import (
     GroupEvent,
     GroupResumed,
     GroupState,
+    GroupStatus,
     GroupSubmitted,
     InvalidGroup,
     StartCompensation,
@@ -295,10 +296,9 @@ class GroupRunner:
         """The group once it has finished or is blocked, or as it is when the wait ends."""
 
         def settled() -> bool:
-            status = group.state.status.value
             return (
                 group.state.finished is not None
-                or status == "BLOCKED"
+                or group.state.status is GroupStatus.BLOCKED
                 or (group.task is None or group.task.done())
             )
 
