@@ -144,6 +144,8 @@ def approval_request_json(event: ApprovalRequested) -> dict[str, Any]:
         "args_digest": env.args_digest,
         "impact": {name: impact.get(name) for name in IMPACT_FIELDS}
         | {"irreversible": bool(impact.get("irreversible"))},
+        "approver_kind": impact.get("approver_kind", "operator"),
         "status": "pending",
         "expires_at": event.expires_at.isoformat(),
+        "call_id": CallKey(env.tenant_id, env.tool, env.idempotency_key).call_id,
     }

@@ -109,6 +109,19 @@ def approval_sql(
     return sql, params
 
 
+def call_approval_sql(
+    d: Dialect, tenant_id: str, call_id: str, now: datetime
+) -> tuple[str, list[Any]]:
+    """The latest approval request of one call (a call key asks again with new arguments:
+    the newest request is the one that answers it)."""
+    sql = (
+        f"SELECT {_APPROVAL_COLUMNS}, {_status_at(d)} AS status_at FROM approvals "
+        f"WHERE tenant_id = {d.mark} AND call_id = {d.mark} "
+        f"ORDER BY requested_at DESC, approval_id{d.collate} DESC LIMIT 1"
+    )
+    return sql, [d.time(now), tenant_id, call_id]
+
+
 def approvals_sql(
     d: Dialect,
     tenant_id: str | None,
@@ -286,6 +299,12 @@ class GovernanceReads(ABC):
         self, tenant_id: str | None, approval_id: str, *, now: datetime
     ) -> ApprovalView | None:
         (rows,) = await self._read(approval_sql(self.dialect, tenant_id, approval_id, now))
+        return approval_of(rows[0]) if rows else None
+
+    async def call_approval(
+        self, tenant_id: str, call_id: str, *, now: datetime
+    ) -> ApprovalView | None:
+        (rows,) = await self._read(call_approval_sql(self.dialect, tenant_id, call_id, now))
         return approval_of(rows[0]) if rows else None
 
     async def approvals(

@@ -43,6 +43,9 @@ class CallView(BaseModel):
     # a long-running call's job: id, status, progress, started_at, updated_at (rendered only
     # for calls that have one)
     job: JobInfo | None = None
+    # a call that waits for a human (it has not started): its approval request, as
+    # ApprovalView.to_json renders it (rendered only for such calls)
+    approval: dict[str, Any] | None = None
     last_event_id: str  # internal: not rendered
     last_intent_id: str  # internal: not rendered
 
@@ -111,6 +114,9 @@ def decode_cursor(cursor: str) -> str:
 APPROVAL_STATUSES: tuple[str, ...] = ("pending", "approved", "denied", "consumed", "expired")
 ApprovalStatusName = Literal["pending", "approved", "denied", "consumed", "expired"]
 IMPACT_FIELDS: tuple[str, ...] = ("summary", "target", "scope", "cost", "irreversible")
+# who decides a request: "operator" (four eyes) or "user" (the principal the call runs for);
+# carried in the request's impact (requests made before it existed: an operator)
+APPROVER_KINDS: tuple[str, ...] = ("user", "operator")
 ANY = "*"
 """A switch's ``tenant_id`` or ``tool`` that stands for every tenant or every tool."""
 
@@ -155,10 +161,17 @@ class ApprovalView(BaseModel):
     consumed_at: UtcDatetime | None = None
     run_id: str | None = None
 
+    @property
+    def approver_kind(self) -> str:
+        """Who decides: "user" or "operator" (the request's impact says; requests made before
+        approver kinds existed were an operator's)."""
+        kind = self.impact.get("approver_kind")
+        return kind if kind in APPROVER_KINDS else "operator"
+
     def to_json(self) -> dict[str, Any]:
         """The approval request of the HTTP contract (``id``, ``tool``, ``arguments``,
         ``args_digest``, ``impact`` {summary, target, scope, cost, irreversible: bool},
-        ``status``, ``expires_at``) followed by the audit fields. See
+        ``approver_kind``, ``status``, ``expires_at``) followed by the audit fields. See
         docs/architecture.md#the-http-contract."""
         raw = self.model_dump(mode="json", exclude={"call_key"})
         impact = {name: self.impact.get(name) for name in IMPACT_FIELDS}
@@ -169,6 +182,7 @@ class ApprovalView(BaseModel):
             "arguments": raw["arguments"],
             "args_digest": raw["args_digest"],
             "impact": impact,
+            "approver_kind": self.approver_kind,
             "status": raw["status"],
             "expires_at": raw["expires_at"],
             **{
@@ -406,6 +420,11 @@ class CallQueries(Protocol):
         self, tenant_id: str | None, approval_id: str, *, now: datetime
     ) -> ApprovalView | None:
         """One approval request (``tenant_id`` None: of any tenant), its status as of ``now``."""
+
+    async def call_approval(
+        self, tenant_id: str, call_id: str, *, now: datetime
+    ) -> ApprovalView | None:
+        """The latest approval request of a call, its status as of ``now``."""
 
     async def approvals(
         self,

@@ -69,7 +69,8 @@ _DEFAULTS: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.APPROVAL_REQUIRED: (
         False,
         "Ask a human to approve this exact call; once approved, call again with the same "
-        "idempotency key and the same arguments, and the approval token.",
+        "idempotency key and the same arguments (no token needed: the grant is kept with the "
+        "key), or send it with 'Prefer: wait=N' to wait for the decision.",
     ),
     ErrorCode.APPROVAL_INVALID: (
         False,

@@ -516,9 +516,24 @@ def _check_approval(
                     ),
                 )
             )
-        open_ = (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)
-        if latest is not None and latest.status in open_ and now < latest.expires_at:
-            # asked again: the same request answers (approved: the token is with the operator)
+        if (
+            latest is not None
+            and latest.status is ApprovalStatus.APPROVED
+            and max(now, gate.executor_now or now) < latest.expires_at
+        ):
+            # the grant travels with the call: it sits in this key's book, bound to these
+            # arguments' digest, so the same key and arguments go ahead without the token;
+            # consumed in the write of the Started event it allows, so it is used once
+            return ApprovalConsumed(
+                envelope=ctx.envelope(_eid(ctx, "approval-consumed"), now),
+                approval_id=latest.approval_id,
+            )
+        if (
+            latest is not None
+            and latest.status is ApprovalStatus.PENDING
+            and now < latest.expires_at
+        ):
+            # asked again while it waits: the same request answers
             approval_id, expires_at = latest.approval_id, latest.expires_at
         else:
             approval_id, expires_at = gate.new_approval_id, now + gate.request_ttl

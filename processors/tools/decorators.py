@@ -27,6 +27,7 @@ from processors.groups.facts import Compensation
 from processors.ledger.commands import Found, NotHappened, ReconcileOutcome
 from processors.tools.manifest import (
     ApprovalRule,
+    ApproverKind,
     EffectClass,
     Handler,
     HandlerResult,
@@ -200,7 +201,7 @@ class ToolOptions(TypedDict, total=False):
     redact_fields: Iterable[str]
     scopes: Iterable[str]
     open_world: bool
-    approval: ApprovalRule
+    approval: ApprovalRule | ApproverKind  # "user", "operator" or a rule choosing by arguments
     key_retention: timedelta | Literal["forever"]
     describe_impact: Callable[[Any], Impact]
     compensate: Compensation  # how a group undoes a completed call (a tool, an args function)

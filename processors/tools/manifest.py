@@ -6,7 +6,7 @@ See docs/architecture.md#tools-policy-and-the-executor-stages.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
@@ -61,6 +61,9 @@ class Impact:
     scope: str = "one resource"
     cost: str | None = None
     irreversible: bool = False
+    # who decides: "operator" (four eyes: an operator other than the caller) or "user" (the
+    # principal the call runs for confirms its own agent's action); set by the tool's rule
+    approver_kind: ApproverKind = "operator"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,10 +72,15 @@ class Impact:
             "scope": self.scope,
             "cost": self.cost,
             "irreversible": self.irreversible,
+            "approver_kind": self.approver_kind,
         }
 
 
-ApprovalRule = Callable[[Any], bool]  # validated arguments -> whether a human must approve
+ApproverKind = Literal["user", "operator"]
+APPROVER_KINDS: tuple[ApproverKind, ...] = ("user", "operator")
+# validated arguments -> who must approve: "user" or "operator"; True: an operator; False or
+# None: nobody (the call goes ahead). A tool's ``approval`` is such a rule or one of the kinds.
+ApprovalRule = Callable[[Any], "bool | ApproverKind | None"]
 
 
 def always(_arguments: Any) -> bool:
@@ -208,8 +216,10 @@ class Tool:
     redact_fields: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset({"tools:call"})
     open_world: bool = True  # talks to a system outside the ledger (MCP's openWorldHint)
-    # None: every high and irreversible mutation needs a human's approval, low ones do not
-    approval: ApprovalRule | None = None
+    # who approves a call: "user", "operator", or a rule choosing by the arguments (e.g. the
+    # user below an amount, an operator above it). None: an operator approves every high and
+    # irreversible mutation, low ones need nobody.
+    approval: ApprovalRule | ApproverKind | None = None
     # how long a finished call's key is kept: a timedelta or "forever"; None: the ledger's
     # default (ToolRegistry.default_key_retention, 24 hours unless --key-retention says)
     key_retention: timedelta | Literal["forever"] | None = None
@@ -220,27 +230,49 @@ class Tool:
     cancel: CancelHook | None = None
     job_timeout_s: float | None = None
 
-    def needs_approval(self, arguments: BaseModel) -> bool:
+    def approver_for(self, arguments: BaseModel) -> ApproverKind | None:
+        """Who must approve a call with these arguments; None: nobody. A rule's answer that
+        is neither a kind nor a bool raises (the pipeline then asks an operator)."""
         if not self.keyed:
-            return False
-        if self.approval is None:
-            return self.risk is not RiskTier.LOW
-        return self.approval(arguments)
+            return None
+        rule = self.approval
+        if rule is None:
+            return None if self.risk is RiskTier.LOW else "operator"
+        if isinstance(rule, str):
+            return rule
+        answer = rule(arguments)
+        if answer is True:
+            return "operator"
+        if answer is False or answer is None:
+            return None
+        if answer in APPROVER_KINDS:
+            return answer
+        raise ValueError(f"{self.name}'s approval rule answered {answer!r}")
+
+    def needs_approval(self, arguments: BaseModel) -> bool:
+        return self.approver_for(arguments) is not None
 
     def _approval_rule_name(self) -> str:
+        """The manifest's ``approval``: "none", "user", "operator" or "by arguments"."""
         if not self.keyed or self.approval is never:
             return "none"
         if self.approval is None:
-            return "none" if self.risk is RiskTier.LOW else "required"
-        return "required" if self.approval is always else "by arguments"
+            return "none" if self.risk is RiskTier.LOW else "operator"
+        if isinstance(self.approval, str):
+            return self.approval
+        return "operator" if self.approval is always else "by arguments"
 
     def impact(self, arguments: BaseModel) -> Impact:
+        """What the approver is shown, with who approves (the tool's rule decides that, never
+        its ``describe_impact``)."""
         if self.describe_impact is not None:
-            return self.describe_impact(arguments)
-        return Impact(
-            summary=f"Run {self.name} (version {self.version}).",
-            irreversible=self.risk is RiskTier.IRREVERSIBLE,
-        )
+            described = self.describe_impact(arguments)
+        else:
+            described = Impact(
+                summary=f"Run {self.name} (version {self.version}).",
+                irreversible=self.risk is RiskTier.IRREVERSIBLE,
+            )
+        return replace(described, approver_kind=self.approver_for(arguments) or "operator")
 
     def digest_of(self, raw: Any) -> str | None:
         """The args digest the executor computes for ``raw`` arguments; ``None`` if they are

@@ -12,7 +12,14 @@ from pydantic import AliasChoices, AliasPath, BaseModel
 
 from processors.ledger.commands import Policy
 from processors.tools.decorators import ReconcileFunction, ToolOptions, build_tool, reconcile_hook
-from processors.tools.manifest import CancelHook, EffectClass, PollHook, RiskTier, Tool
+from processors.tools.manifest import (
+    APPROVER_KINDS,
+    CancelHook,
+    EffectClass,
+    PollHook,
+    RiskTier,
+    Tool,
+)
 from processors.tools.manifest import ToolRegistrationError as ToolRegistrationError
 from processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
@@ -200,6 +207,10 @@ class ToolRegistry:
             )
         if tool.timeout_s <= 0:
             problems.append("timeout_s must be positive")
+        if isinstance(tool.approval, str) and tool.approval not in APPROVER_KINDS:
+            problems.append(
+                f"approval must be one of {list(APPROVER_KINDS)} or a rule, not {tool.approval!r}"
+            )
         if tool.effect is EffectClass.LONG_RUNNING and tool.poll is None:
             problems.append(_NEEDS_POLL)
         if tool.effect is not EffectClass.LONG_RUNNING and (

@@ -10,6 +10,7 @@ from producers.http import governance
 from producers.http.door import FrontDoor
 from producers.http.models import HIDDEN
 from schemas.calls import CallView
+from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import EVENTS_BY_TYPE
 from schemas.status import CallStatus
 
@@ -19,6 +20,8 @@ def view_bytes(view: CallView) -> bytes:
     hidden = HIDDEN if view.expired_at is not None else HIDDEN | {"expired_at"}
     if view.job is None:  # a job only on long-running calls: other calls render as they did
         hidden = hidden | {"job"}
+    if view.approval is None:  # only a call that waits for a human carries its request
+        hidden = hidden | {"approval"}
     return view.model_dump_json(exclude=set(hidden)).encode()
 
 
@@ -43,6 +46,57 @@ async def read_only_view(door: FrontDoor, tenant_id: str, call_id: str) -> CallV
     if result.status is None:
         return None
     return transient_view(event.envelope.tenant_id, event.envelope.tool, result)
+
+
+_DECIDED = {
+    # what a call that never started is, by its latest approval request
+    "pending": CallStatus.PENDING,
+    "approved": CallStatus.PENDING,  # the same key and arguments go ahead now
+    "denied": CallStatus.FAILED_FINAL,  # the same arguments are refused again
+    "expired": CallStatus.FAILED_RETRYABLE,  # calling again opens a new request
+}
+
+
+async def awaiting_approval_view(door: FrontDoor, tenant_id: str, call_id: str) -> CallView | None:
+    """A call that has not started because it waits for (or was refused) a human's approval:
+    nothing of it is stored as a result, its approval request says where it stands."""
+    approval = await door.queries.call_approval(tenant_id, call_id, now=datetime.now(UTC))
+    if approval is None or approval.status == "consumed":
+        return None
+    status = _DECIDED[approval.status]
+    error = None
+    if approval.status == "denied":
+        error = ErrorInfo.of(
+            ErrorCode.APPROVAL_INVALID,
+            f"A human denied this call: {approval.reason or 'no reason given'}",
+            retryable=False,
+        )
+    elif approval.status == "expired":
+        error = ErrorInfo.of(
+            ErrorCode.APPROVAL_REQUIRED,
+            "The approval request expired before it was decided.",
+            retryable=True,
+            suggested_action="Call again with the same key and arguments: that opens a new "
+            "request.",
+        )
+    return CallView(
+        call_id=call_id,
+        tenant_id=tenant_id,
+        tool=approval.tool,
+        tool_version="",
+        idempotency_key=approval.idempotency_key,
+        args_digest=approval.args_digest,
+        status=status,
+        ok=False,
+        error=error,
+        attempts=0,
+        run_id=approval.run_id,
+        created_at=approval.requested_at,
+        updated_at=approval.decided_at or approval.requested_at,
+        approval=approval.to_json(),
+        last_event_id="",
+        last_intent_id="",
+    )
 
 
 def pending_view(

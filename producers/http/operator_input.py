@@ -47,13 +47,21 @@ def json_body(model: type[Model]) -> Callable[[Request], Awaitable[Model]]:
     return read
 
 
+async def _lookup(door: Door, tenant_id: str | None, approval_id: str) -> ApprovalView | None:
+    if not APPROVAL_ID.fullmatch(approval_id):  # anything else was never handed out
+        return None
+    return await door.queries.approval(tenant_id, approval_id, now=datetime.now(UTC))
+
+
+def _not_found() -> ProblemError:
+    # another tenant's request is not found, never forbidden
+    return not_found("No approval request with this id.", _LIST_THEM)
+
+
 async def approval(approval_id: str, door: Door, context: Operator) -> ApprovalView:
-    view = None
-    if APPROVAL_ID.fullmatch(approval_id):  # anything else was never handed out
-        now = datetime.now(UTC)
-        view = await door.queries.approval(tenant_of(context), approval_id, now=now)
-    if view is None:  # another tenant's request is not found, never forbidden
-        raise not_found("No approval request with this id.", _LIST_THEM)
+    view = await _lookup(door, tenant_of(context), approval_id)
+    if view is None:
+        raise _not_found()
     return view
 
 
@@ -63,16 +71,20 @@ async def readable_approval(approval_id: str, door: Door, context: Caller) -> Ap
     it is not found."""
     if OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes:
         return await approval(approval_id, door, context)
-    view = None
-    if APPROVAL_ID.fullmatch(approval_id):
-        now = datetime.now(UTC)
-        view = await door.queries.approval(context.tenant_id, approval_id, now=now)
+    view = await _lookup(door, context.tenant_id, approval_id)
     if view is None or view.requested_by != context.principal:
-        raise not_found("No approval request with this id.", _LIST_THEM)
+        raise _not_found()
     return view
 
 
-async def pending_approval(view: Annotated[ApprovalView, Depends(approval)]) -> ApprovalView:
+async def decidable_approval(approval_id: str, door: Door, context: Caller) -> ApprovalView:
+    """A pending request of the caller's tenant (every tenant for a global operator): 404
+    otherwise, 409 once decided or expired. Whether this caller may decide it is the
+    decision's rule (``producers.http.approval_decisions``: 403)."""
+    operator = OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes
+    view = await _lookup(door, tenant_of(context) if operator else context.tenant_id, approval_id)
+    if view is None:
+        raise _not_found()
     if view.status != "pending":
         raise ProblemError(
             problem(
@@ -95,5 +107,5 @@ async def switchable_tool(tool: str, door: Door) -> str:
 
 Approval = Annotated[ApprovalView, Depends(approval)]
 ReadableApproval = Annotated[ApprovalView, Depends(readable_approval)]
-PendingApproval = Annotated[ApprovalView, Depends(pending_approval)]
+DecidableApproval = Annotated[ApprovalView, Depends(decidable_approval)]
 SwitchableTool = Annotated[str, Depends(switchable_tool)]

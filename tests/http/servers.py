@@ -50,7 +50,19 @@ PLATFORM_OP = Token(f"root-{uuid.uuid4().hex}", "platform", "root", ("operator",
 # what a background job reports its status with
 JOB_REPORTER = Token(f"jobs-{uuid.uuid4().hex}", "acme", "export-worker", ("jobs:report",))
 GLOBEX_REPORTER = Token(f"gjobs-{uuid.uuid4().hex}", "globex", "g-worker", ("jobs:report",))
-TOKENS = (ACME, GLOBEX, NO_SCOPE, OPERATOR, SELF_OP, PLATFORM_OP, JOB_REPORTER, GLOBEX_REPORTER)
+# another user of alice's tenant: may not decide what alice's agent asked for
+CAROL = Token(f"carol-{uuid.uuid4().hex}", "acme", "carol", ("tools:call",))
+TOKENS = (
+    ACME,
+    GLOBEX,
+    NO_SCOPE,
+    OPERATOR,
+    SELF_OP,
+    PLATFORM_OP,
+    JOB_REPORTER,
+    GLOBEX_REPORTER,
+    CAROL,
+)
 
 
 def write_tokens(path: Path) -> Path:

@@ -18,7 +18,7 @@ from tests.http.helpers import (
     assert_problem,
     post_call,
 )
-from tests.http.servers import GLOBEX, NO_SCOPE, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
+from tests.http.servers import ACME, GLOBEX, NO_SCOPE, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
 from tests.http.test_door_refusals import door_refusals
 
 CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
@@ -149,14 +149,17 @@ async def test_racing_calls_with_one_token_run_once(
 async def test_operators_deny_with_a_reason_and_scopes_are_enforced(
     server: Server, client: httpx.AsyncClient, key: str
 ) -> None:
+    charge = await post_call(client, "charge_card", CHARGE, key=key + "-charge")
+    charge_id = assert_problem(charge, 428, "APPROVAL_REQUIRED")["approval_request"]
+    assert charge_id["approver_kind"] == "operator"  # above what a user confirms
+    for verb in ("approve", "deny"):  # an operator's request, a caller without the scope
+        forbidden = await _decide(client, charge_id["id"], verb, ACME, reason="no")
+        assert "operator" in assert_problem(forbidden, 403, "FORBIDDEN")["detail"]
+    assert_problem(await client.get("/v1/approval-requests"), 403, "FORBIDDEN")
     asked = await post_call(
         client, "send_email", {"to": "a@b.co", "subject": "s", "body": "b"}, key=key
     )
     approval_id = assert_problem(asked, 428, "APPROVAL_REQUIRED")["approval_request"]["id"]
-    for verb in ("approve", "deny"):  # a caller without the operator scope
-        forbidden = await client.post(f"/v1/approval-requests/{approval_id}/{verb}")
-        assert_problem(forbidden, 403, "FORBIDDEN")
-    assert_problem(await client.get("/v1/approval-requests"), 403, "FORBIDDEN")
     huge = await _decide(client, approval_id, "deny", reason="x" * 5000)
     assert_problem(huge, 400, "VALIDATION_FAILED")
     assert_problem(await _decide(client, approval_id, "deny"), 400, "VALIDATION_FAILED")

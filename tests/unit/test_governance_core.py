@@ -161,10 +161,40 @@ def test_no_token_opens_a_request_and_starts_nothing() -> None:
     assert event.arguments_redacted_json == '{"amount_cents":1}'
 
 
-def test_asking_again_answers_with_the_open_request() -> None:
-    for history in (book(requested()), book(requested(), granted())):
-        (event,) = decide(None, submit(approval(history))).events
-        assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_1"
+def test_asking_again_while_pending_answers_with_the_open_request() -> None:
+    (event,) = decide(None, submit(approval(book(requested())))).events
+    assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_1"
+
+
+def test_a_grant_in_the_book_lets_the_same_arguments_go_ahead_without_a_token() -> None:
+    # given a granted request, when the same key and arguments come again without a token,
+    # then the grant is consumed with the Started event, in one decision
+    decision = decide(None, submit(approval(book(requested(), granted()))))
+    consumed_event, started = decision.events
+    assert isinstance(consumed_event, ApprovalConsumed) and consumed_event.approval_id == "apr_1"
+    assert isinstance(started, ToolCallStarted)
+    assert decision.action == Execute(attempt=1, round_attempt=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "digest", "minutes"),
+    [
+        ("other arguments", ("req", "grant"), OTHER, 1),
+        ("expired grant", ("req", "grant"), DIGEST, 11),
+        ("used once", ("req", "grant", "consumed"), DIGEST, 1),
+    ],
+)
+def test_a_grant_covers_its_arguments_once_and_until_it_expires(
+    name: str, history: tuple[str, ...], digest: str, minutes: int
+) -> None:
+    # then a new request is opened: the grant neither moves to other arguments nor outlives
+    # its expiry, and once consumed it is spent
+    events = {"req": requested(), "grant": granted(), "consumed": consumed()}
+    gate = approval(book(*(events[h] for h in history)))
+    decision = decide(None, submit(gate, digest=digest, now=T0 + timedelta(minutes=minutes)))
+    (event,) = decision.events
+    assert decision.action is None, name
+    assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_new", name
 
 
 def test_an_expired_request_or_other_arguments_open_a_new_one() -> None:

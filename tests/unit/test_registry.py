@@ -294,12 +294,14 @@ def test_all_manifests_serialise_together(helpdesk: ToolRegistry) -> None:
     ("effect", "risk", "rule", "amount", "needed", "shown"),
     [
         (EffectClass.MUTATION, RiskTier.LOW, None, 1, False, "none"),
-        (EffectClass.MUTATION, RiskTier.HIGH, None, 1, True, "required"),
-        (EffectClass.LONG_RUNNING, RiskTier.IRREVERSIBLE, None, 1, True, "required"),
+        (EffectClass.MUTATION, RiskTier.HIGH, None, 1, True, "operator"),
+        (EffectClass.LONG_RUNNING, RiskTier.IRREVERSIBLE, None, 1, True, "operator"),
         (EffectClass.READ_ONLY, RiskTier.HIGH, None, 1, False, "none"),
         (EffectClass.READ_ONLY, RiskTier.LOW, always, 1, False, "none"),
         (EffectClass.MUTATION, RiskTier.HIGH, never, 1, False, "none"),
-        (EffectClass.MUTATION, RiskTier.LOW, always, 1, True, "required"),
+        (EffectClass.MUTATION, RiskTier.LOW, always, 1, True, "operator"),
+        (EffectClass.MUTATION, RiskTier.LOW, "user", 1, True, "user"),
+        (EffectClass.MUTATION, RiskTier.HIGH, "operator", 1, True, "operator"),
         # a policy with a limit: auto-approved up to 100, a human above
         (EffectClass.MUTATION, RiskTier.LOW, lambda a: a.amount > 100, 100, False, "by arguments"),
         (EffectClass.MUTATION, RiskTier.LOW, lambda a: a.amount > 100, 101, True, "by arguments"),
@@ -316,7 +318,41 @@ def test_approval_rules(
 def test_the_default_impact_says_what_runs_and_whether_it_can_be_undone() -> None:
     impact = make_tool(risk=RiskTier.IRREVERSIBLE, with_reconcile=True).impact(Args(target="x"))
     assert impact.irreversible is True and "do_thing" in impact.summary
-    assert set(impact.to_json()) == {"summary", "target", "scope", "cost", "irreversible"}
+    assert set(impact.to_json()) == {
+        "summary",
+        "target",
+        "scope",
+        "cost",
+        "irreversible",
+        "approver_kind",
+    }
+
+
+def by_amount(args: Args) -> str | None:
+    """The user below 100, an operator from 1,000, nobody in between (a rule's three answers)."""
+    if args.amount < 100:
+        return "user"
+    return "operator" if args.amount >= 1000 else None
+
+
+@pytest.mark.parametrize(("amount", "kind"), [(5, "user"), (500, None), (1000, "operator")])
+def test_a_rule_chooses_who_approves_by_the_arguments(amount: int, kind: str | None) -> None:
+    tool = make_tool(with_reconcile=True, approval=by_amount)
+    assert tool.approver_for(Args(target="x", amount=amount)) == kind
+    assert tool.manifest()["approval"] == "by arguments"
+    if kind is not None:  # the approver is told who decides, from the rule, in the impact
+        assert tool.impact(Args(target="x", amount=amount)).approver_kind == kind
+
+
+def test_an_approval_that_is_neither_a_kind_nor_a_rule_is_refused_at_registration() -> None:
+    with pytest.raises(ToolRegistrationError, match="approval must be one of"):
+        ToolRegistry().register(make_tool(with_reconcile=True, approval="manager"))
+
+
+def test_a_rule_answering_something_else_raises_so_the_pipeline_asks_an_operator() -> None:
+    tool = make_tool(with_reconcile=True, approval=lambda a: "boss")
+    with pytest.raises(ValueError, match="approval rule answered 'boss'"):
+        tool.approver_for(Args(target="x"))
 
 
 def test_a_long_running_tool_without_poll_is_refused() -> None:

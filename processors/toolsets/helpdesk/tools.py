@@ -16,6 +16,7 @@ from processors.groups import Compensation
 from processors.ledger import Found, Inconclusive, NotHappened, ReconcileOutcome
 from processors.tools.decorators import REPLAY_SENTENCES
 from processors.tools.manifest import (
+    ApproverKind,
     EffectClass,
     HandlerResult,
     Impact,
@@ -271,6 +272,15 @@ def _email_impact(args: SendEmailArgs) -> Impact:
     )
 
 
+USER_CONFIRMS_UP_TO_CENTS = 1_000
+
+
+def charge_approver(args: ChargeCardArgs) -> ApproverKind:
+    """Who approves a charge: the user confirms a small one themself (up to 10.00), an
+    operator (four eyes) approves anything above."""
+    return "user" if args.amount_cents <= USER_CONFIRMS_UP_TO_CENTS else "operator"
+
+
 def _charge_impact(args: ChargeCardArgs) -> Impact:
     amount = f"{args.amount_cents / 100:.2f} {args.currency}"
     return Impact(
@@ -355,6 +365,8 @@ def helpdesk_registry(
             result=EmailSent,
             handler=desk.send_email,
             risk=RiskTier.HIGH,
+            # the user the agent writes for confirms the exact email (or an operator does)
+            approval="user",
             describe_impact=_email_impact,
             reconcile=desk.reconciler(EmailSent, "message_id"),
             redact_fields=frozenset({"to", "body"}),
@@ -372,6 +384,7 @@ def helpdesk_registry(
             result=Charge,
             handler=desk.charge_card,
             risk=RiskTier.IRREVERSIBLE,
+            approval=charge_approver,
             describe_impact=_charge_impact,
             reconcile=desk.reconciler(Charge, "charge_id"),
             redact_fields=frozenset({"customer_id"}),

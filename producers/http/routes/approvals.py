@@ -1,6 +1,7 @@
-"""Approval requests, decided by operators: ``GET /v1/approval-requests`` (and one by id),
-``POST .../approve`` (answers the approval token the caller presents with its retry) and
-``POST .../deny``. Four eyes: an operator cannot approve a request it made itself."""
+"""Approval requests: ``GET /v1/approval-requests`` (operators; one by id also for the
+principal who asked), ``POST .../approve`` and ``POST .../deny``. Who decides is the request's
+``approver_kind``: four eyes for ``operator`` (an operator other than the caller), the user
+themself (or an operator) for ``user``; see ``producers.http.approval_decisions``."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from producers import governance
-from producers.http.access import Operator, tenant_of
+from producers.http import approval_decisions
+from producers.http.access import Caller, Operator, tenant_of
 from producers.http.door import Door
-from producers.http.errors import ProblemError, refused
-from producers.http.governance import command
+from producers.http.errors import refused
 from producers.http.openapi import documented, request_body
-from producers.http.operator_input import PendingApproval, ReadableApproval, json_body
-from producers.http.problems import problem
+from producers.http.operator_input import DecidableApproval, ReadableApproval, json_body
 from producers.http.responses import json_response
-from schemas.calls import ApprovalView, decode_approval_cursor
-from schemas.errors import ErrorCode, ErrorInfo
+from schemas.calls import decode_approval_cursor
+from schemas.errors import ErrorCode
 
 router = APIRouter(tags=["approval requests"])
 
@@ -32,12 +32,6 @@ class DenyBody(BaseModel):
 
 
 deny_body = json_body(DenyBody)
-
-
-def _target(view: ApprovalView) -> governance.ApprovalTarget:
-    return governance.ApprovalTarget(
-        view.approval_id, view.tenant_id, view.tool, view.idempotency_key, view.args_digest
-    )
 
 
 @router.get("/v1/approval-requests", operation_id="listApprovalRequests", responses=documented(200))
@@ -78,32 +72,22 @@ async def get_approval(view: ReadableApproval) -> Response:
     operation_id="approveApprovalRequest",
     responses=documented(200, 202),
 )
-async def approve(door: Door, context: Operator, view: PendingApproval) -> Response:
-    if (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal):
-        four_eyes = ErrorInfo.of(
-            ErrorCode.FORBIDDEN,
-            f"Four eyes: {context.principal!r} asked for this call, so another operator "
-            "must approve it.",
-            suggested_action="Ask another operator of this tenant to approve the request "
-            "(a token with the 'operator' scope and another principal).",
-        )
-        raise ProblemError(problem(four_eyes))
-    decided_at = datetime.now(UTC)
-    record, token = governance.approve(
-        _target(view), context.principal, decided_at, door.approval_token_ttl
-    )
-    answer = await command(door, record)
-    door.metrics.operator_actions.labels("approve").inc()
+async def approve(door: Door, context: Caller, view: DecidableApproval) -> Response:
+    """Grant the request. The grant sits in the call key's approval book: the caller's retry
+    with the same key and arguments goes ahead without a token (the token in the answer is
+    for out-of-band flows). Who may approve: ``producers.http.approval_decisions``."""
+    decided = await approval_decisions.approve(door, context, view)
+    assert decided.expires_at is not None
     body = {
-        "approval_token": token,
-        "expires_at": record.expires_at.isoformat(),
-        "approval_request": view.model_copy(
-            update={"status": "approved", "approver": context.principal, "decided_at": decided_at}
-        ).to_json(),
+        "approver": context.principal,
+        "decided_at": decided.view.decided_at.isoformat() if decided.view.decided_at else None,
+        "approval_token": decided.token,
+        "expires_at": decided.expires_at.isoformat(),
+        "approval_request": decided.view.to_json(),
+        "confirmed": decided.confirmed,
     }
-    if answer is None:  # appended, not confirmed yet: the token works once it applies
-        return json_response({**body, "confirmed": False}, status=202)
-    return json_response({**body, "expires_at": answer.expires_at.isoformat(), "confirmed": True})
+    # not confirmed: appended, it applies shortly (the retry may still find it pending)
+    return json_response(body, status=200 if decided.confirmed else 202)
 
 
 @router.post(
@@ -114,23 +98,17 @@ async def approve(door: Door, context: Operator, view: PendingApproval) -> Respo
 )
 async def deny(
     door: Door,
-    context: Operator,
+    context: Caller,
     body: Annotated[DenyBody, Depends(deny_body)],
-    view: PendingApproval,
+    view: DecidableApproval,
 ) -> Response:
-    decided_at = datetime.now(UTC)
-    record = governance.deny(_target(view), context.principal, body.reason, decided_at)
-    answer = await command(door, record)
-    door.metrics.operator_actions.labels("deny").inc()
-    denied = view.model_copy(
-        update={
-            "status": "denied",
-            "reason": body.reason,
-            "approver": context.principal,
-            "decided_at": decided_at,
-        }
-    )
+    decided = await approval_decisions.deny(door, context, view, body.reason)
     return json_response(
-        {"approval_request": denied.to_json(), "confirmed": answer is not None},
-        status=200 if answer is not None else 202,
+        {
+            "approver": context.principal,
+            "decided_at": decided.view.decided_at.isoformat() if decided.view.decided_at else None,
+            "approval_request": decided.view.to_json(),
+            "confirmed": decided.confirmed,
+        },
+        status=200 if decided.confirmed else 202,
     )

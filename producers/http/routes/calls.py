@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from producers.http.access import Caller
-from producers.http.call_views import read_only_view, view_bytes
+from producers.http.call_views import awaiting_approval_view, read_only_view, view_bytes
 from producers.http.door import Door
 from producers.http.errors import not_found, refused
 from producers.http.models import NO_CONTROL, Call, CallList, EventPage
@@ -39,6 +39,7 @@ async def get_call(call_id: str, door: Door, context: Caller) -> Response:
     if CALL_ID.fullmatch(call_id):
         view = await door.queries.get(context.tenant_id, call_id)
         view = view or await read_only_view(door, context.tenant_id, call_id)
+        view = view or await awaiting_approval_view(door, context.tenant_id, call_id)
     if view is None:
         raise not_found("No call with this id.", _NO_CALL)
     return Response(view_bytes(view), media_type=JSON)

@@ -2,7 +2,10 @@
 
 Refused before anything is appended, in this order: authentication (401), the tool (404), the
 body (400, 413), the key (400), then, audited with the key left unused, the tool's scopes (403),
-the rate limits (429), the kill switch and the run budget (503, 422)."""
+the rate limits (429), the kill switch and the run budget (503, 422).
+
+A call that needs a human's approval answers 428 with the request; sent with ``Prefer: wait=N``
+the answer waits for the decision and then answers the call (see ``approval_wait``)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from producers.client import CallResult
 from producers.http.access import Caller
+from producers.http.approval_wait import awaited_request, decided_within
 from producers.http.call_admission import Admitted
 from producers.http.call_answer import answer, queued_probe
 from producers.http.call_input import Body, Key, KnownTool, Started, Wait
@@ -38,17 +43,31 @@ async def call_tool(
     _admitted: Admitted,
     wait: Wait,
 ) -> Response:
-    result = await door.client.call(
-        info.name,
-        body.arguments,
-        idempotency_key=key,
-        context=context,
-        wait=wait,
-        run_id=body.run_id,
-        step_id=body.step_id,
-        approval_token=body.approval_token,
-        queued=queued_probe(door, context, info, body.arguments) if key else None,
-    )
+    deadline = started + wait
+
+    async def call(token: str | None) -> CallResult:
+        return await door.client.call(
+            info.name,
+            body.arguments,
+            idempotency_key=key,
+            context=context,
+            wait=max(0.0, deadline - time.monotonic()),
+            run_id=body.run_id,
+            step_id=body.step_id,
+            approval_token=token,
+            queued=queued_probe(door, context, info, body.arguments) if key else None,
+        )
+
+    result = await call(body.approval_token)
+    request = awaited_request(result)
+    # Prefer: wait covers the human's decision too (producers/http/approval_wait.py); then
+    # the grant is in the key's book, and the same call goes ahead without a token
+    if (
+        request is not None
+        and time.monotonic() < deadline
+        and await decided_within(door.queries, context.tenant_id, request.approval_id, deadline)
+    ):
+        result = await call(None)
     response = await answer(door, context, info.name, key, result, wait)
     door.metrics.observe(info.name, response.status_code, result, time.monotonic() - started)
     return response
