@@ -10,6 +10,12 @@ from schemas.errors import ErrorCode, ErrorInfo
 __all__ = ["disabled_error", "token_digest"]
 
 
+def approval_id_for(intent_id: str) -> str:
+    """The id of the approval request an intent opens (derived, so reprocessing the intent
+    opens the same request)."""
+    return "apr_" + hashlib.sha256(intent_id.encode()).hexdigest()[:24]
+
+
 def token_digest(token: str) -> str:
     """What the ledger keeps of an approval token: never the token itself."""
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()

@@ -1,7 +1,8 @@
 """``Prefer: wait=N`` on a call that needs a human: the answer waits for the decision.
 
-The first pass through the ledger opens (or finds) the approval request and answers
-``APPROVAL_REQUIRED``. With time left in the caller's wait, the front door follows the
+The call that opens an approval request answers ``APPROVAL_REQUIRED`` at once (a human must
+be asked). Sent again while the request is pending, with time left in the caller's wait, the
+front door follows the
 request in the projection until it is decided, then sends the same call (same key, same
 arguments) once more: a grant in the key's approval book lets it start (the grant is consumed
 with the Started event, so it runs once however many callers wait), a denial answers the
@@ -19,14 +20,19 @@ from datetime import UTC, datetime
 from producers.client import CallResult
 from schemas.calls import CallQueries
 from schemas.events import ApprovalRequested
+from schemas.governance import approval_id_for
 
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5
 
 
 def awaited_request(result: CallResult) -> ApprovalRequested | None:
-    """The approval request a refused call waits for, if that is why it was refused."""
-    return result.event if result.rejected and isinstance(result.event, ApprovalRequested) else None
+    """The approval request a call sent *again* waits for: one an earlier call opened. A call
+    that opens the request answers 428 at once, so that a human can be asked."""
+    event = result.event
+    if not (result.rejected and isinstance(event, ApprovalRequested)):
+        return None
+    return None if event.approval_id == approval_id_for(result.intent_id) else event
 
 
 async def decided_within(
