@@ -55,6 +55,8 @@ APPROVAL_REQUEST_FIELDS = {
     "impact",
     "status",
     "expires_at",
+    "approver_kind",  # who decides: "user" or "operator"
+    "call_id",  # the call resource, which shows the request while the call waits
 }
 
 
