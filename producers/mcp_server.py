@@ -14,7 +14,7 @@ Built on the ``mcp`` SDK's low-level ``Server`` so the listing is exactly the ma
 * description: the manifest's, which states the replay behaviour once, on its ``Replay:``
   line (the MCP layer adds that line only to a description without one, and does not
   restate it); then how long a key is kept and, for a tool whose manifest says
-  ``approval: required`` or ``by arguments``, that a human must approve;
+  ``approval: operator``, ``user`` or ``by arguments``, that a human must approve;
 * annotations from the manifest: ``readOnlyHint`` (effect ``read_only``),
   ``destructiveHint`` (a mutation of risk ``high`` or ``irreversible``), ``idempotentHint``
   (true for keyed tools: the key is one of the arguments, and the same arguments, key
@@ -228,7 +228,8 @@ def mcp_input_schema(spec: ToolSpec) -> dict[str, Any]:
 
 
 _APPROVAL_NOTES = {
-    "required": "every call needs a human's approval of its exact arguments.",
+    "operator": "every call needs an operator's approval of its exact arguments (four eyes).",
+    "user": "every call needs the user's confirmation of its exact arguments.",
     "by arguments": "some calls, depending on their arguments, need a human's approval of "
     "their exact arguments.",
 }
@@ -266,8 +267,8 @@ def mcp_description(spec: ToolSpec) -> str:
     if note is not None:
         text += (
             f"\nApproval: {note} Such a call first answers APPROVAL_REQUIRED with an "
-            "approval_request and runs nothing; after a human approved it, repeat the same "
-            "call (same idempotency_key, same arguments) with the approval_token you are given."
+            "approval_request and runs nothing; once a human approved it, repeat the same "
+            "call (same idempotency_key, same arguments): the approval is kept with the key."
         )
     return text
 

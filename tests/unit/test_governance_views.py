@@ -413,6 +413,7 @@ async def check_approvals(calls: CallQueries, advance: Advance) -> Any:
         "tool": WIRE,
         "arguments": {"amount": 1250.5, "iban": "hmac:0a1b"},
         "args_digest": K1.digest,
+        "approver_kind": "operator",
         "impact": {
             "summary": "Pay 1250.50 EUR to Société Générale",
             "target": "iban:FR76…",
