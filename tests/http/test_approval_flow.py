@@ -1,4 +1,4 @@
-"""Approvals that travel with the call (issue 13 §1–2, §5), on both backends:
+"""Approvals that travel with the call (issue 13 §1-2, §5), on both backends:
 
 - who decides: ``user`` requests are confirmed by the user the call runs for (or an operator),
   never by another user (403); ``operator`` requests need four eyes;
