@@ -158,6 +158,7 @@ async def embedded_door(
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
     ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
+    from processors.runtime.intent_lookup import SqliteIntentLookup
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
@@ -182,11 +183,14 @@ async def embedded_door(
             }
 
         calls = SqliteCalls(ledger.log.conn, path=ledger_file)
+        intents = SqliteIntentLookup(ledger_file, ledger.log.partitions)
         try:
             front = door(ledger.client, calls, ready)
             front.groups = ledger.groups
+            front.intents = intents
             yield front
         finally:
+            intents.close()
             calls.close()
 
 
@@ -196,6 +200,7 @@ async def distributed_door(
 ) -> AsyncIterator[FrontDoor]:
     """The front door of the Kafka + PostgreSQL backend."""
     from producers.kafka import KafkaTransport
+    from producers.kafka_intents import KafkaIntentLookup
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
     from projections.postgres_groups import PostgresGroupLog
     from toolledger.groups import ledger_groups
@@ -227,6 +232,7 @@ async def distributed_door(
 
             front = door(client, calls, ready)
             front.groups = groups
+            front.intents = KafkaIntentLookup(kafka, topics)
             await groups.start()  # drives the unfinished groups no other front door claims
             try:
                 yield front

@@ -16,8 +16,10 @@ requester of a four-eyes request too, if it is an operator). Everyone else of th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from producers import governance
 from producers.client import TrustedContext
@@ -82,12 +84,35 @@ def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | 
     return None
 
 
+def may_decide(context: TrustedContext, view: ApprovalView) -> bool:
+    """Whether ``context`` may decide ``view`` at all (deny it, at least)."""
+    return deny_refusal(context, view) is None
+
+
 def deny_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
     """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, and the
     tenant's operators)."""
     if is_operator(context):
         return None
     return approve_refusal(context, view)
+
+
+async def exact_arguments(door: FrontDoor, view: ApprovalView) -> Any | None:
+    """The request's arguments as the caller sent them, read from the intents (where raw
+    arguments live): the intent of the call key whose arguments have the request's digest.
+    None when the backend cannot say or the intents' retention dropped them. Shown only to
+    those :func:`may_see_action` allows, never stored or logged."""
+    tool = door.tools.get(view.tool)
+    if door.intents is None or tool is None:
+        return None
+    for arguments_json in await door.intents.arguments(view.call_key, view.requested_at):
+        try:
+            raw = json.loads(arguments_json)
+        except ValueError:
+            continue
+        if tool.digest(raw) == view.args_digest:
+            return raw
+    return None
 
 
 def _target(view: ApprovalView) -> governance.ApprovalTarget:

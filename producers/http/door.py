@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
@@ -33,6 +33,14 @@ class ToolInfo:
     manifest: dict[str, Any]
     # the args digest the executor will compute (None: invalid, the executor refuses them)
     digest: Callable[[Any], str | None] = _no_digest
+
+
+class IntentArguments(Protocol):
+    """Where a backend's raw arguments live: its intents (log or topic)."""
+
+    async def arguments(self, call_key: str, around: datetime) -> list[str]:
+        """The ``arguments_json`` of the call key's intents appended near ``around``, newest
+        first (empty once the intents' retention dropped them)."""
 
 
 class GroupService(Protocol):
@@ -76,6 +84,7 @@ class FrontDoor:
     approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
     switch_cache: SwitchCache = field(default_factory=SwitchCache)
     groups: GroupService | None = None  # None: this backend has no group orchestrator
+    intents: IntentArguments | None = None  # None: raw arguments are not shown to approvers
     auth_failures: Counter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

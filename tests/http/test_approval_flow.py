@@ -146,3 +146,23 @@ async def test_the_wait_ends_with_the_428_when_nobody_decides(
         assert_problem(again, 428, "APPROVAL_REQUIRED")["approval_request"]["id"] == request["id"]
     )
     assert server.effects("acme", "send_email", key) == 0
+
+
+async def test_those_who_decide_see_the_exact_arguments_and_the_audit_stays_redacted(
+    server: Server, client: httpx.AsyncClient, key: str
+) -> None:
+    secret = {**EMAIL, "to": f"private.{key[-12:]}@example.com", "body": "<script>x</script>"}
+    request = await _ask(client, "send_email", secret, key)
+    assert secret["to"] not in str(request)  # the 428 shows the redacted audit values
+    path = f"/v1/approval-requests/{request['id']}"
+    for reader in (OPERATOR, ACME):  # the tenant's operator; the user it is for
+        shown = await client.get(path, headers=reader.headers)
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["raw_arguments"] == secret
+        assert shown.json()["arguments"]["to"].startswith("redacted:")
+        assert shown.headers["cache-control"] == "no-store"
+    assert_problem(await client.get(path, headers=CAROL.headers), 404, "NOT_FOUND")
+    listed = await client.get("/v1/approval-requests", headers=OPERATOR.headers)
+    assert secret["to"] not in listed.text  # lists and the audit trail keep the redaction
+    events = await client.get(f"/v1/calls/{request['call_id']}/events")
+    assert secret["to"] not in events.text

@@ -62,9 +62,16 @@ async def list_approvals(
     operation_id="getApprovalRequest",
     responses=documented(200),
 )
-async def get_approval(view: ReadableApproval) -> Response:
-    """One request: for the tenant's operators, and for the principal who asked for it."""
-    return json_response(view.to_json())
+async def get_approval(door: Door, context: Caller, view: ReadableApproval) -> Response:
+    """One request: for the tenant's operators, and for the principal who asked for it. They
+    also see ``raw_arguments``, the exact values (read from the intents; null once their
+    retention dropped them), beside the redacted ``arguments`` of the audit trail."""
+    body = view.to_json()
+    if approval_decisions.may_see_action(context, view):
+        body["raw_arguments"] = await approval_decisions.exact_arguments(door, view)
+    response = json_response(body)
+    response.headers["Cache-Control"] = "no-store"  # raw values: kept by no cache
+    return response
 
 
 @router.post(
