@@ -34,13 +34,16 @@ serve: $(STAMP)
 	echo "a call (run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i):"; \
 	echo "  curl -sS -X POST $$url/v1/tools/create_ticket/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
 	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
-	echo "an approval: the charge answers 428 with approval_request.id; the operator approves it; the agent"; \
-	echo "calls again with the same key and arguments and the approval_token it was given:"; \
+	echo "an approval: a charge above 10.00 answers 428 with approval_request.id; the operator approves it"; \
+	echo "(four eyes); the agent calls again with the same key and arguments and it runs, once (the grant"; \
+	echo "is kept with the key: no token to carry; add -H 'Prefer: wait=60' to the retry to wait for the human):"; \
 	echo "  curl -sS -X POST $$url/v1/tools/charge_card/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
 	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: charge-1' \\"; \
 	echo "    -d '{\"arguments\": {\"customer_id\": \"cus_1\", \"amount_cents\": 1200, \"currency\": \"USD\"}}'"; \
 	echo "  curl -sS -X POST $$url/v1/approval-requests/<id>/approve -H \"Authorization: Bearer \$$OPERATOR\""; \
-	echo "  (then the charge curl again, with  ,\"approval_token\": \"<token>\"  after the arguments object)"; \
+	echo "  (then the same charge curl again)"; \
+	echo "a charge up to 10.00 (or an email) is the user's to confirm: approve it with \$$AGENT itself."; \
+	echo "the operator console: $$url/console (sign in with \$$OPERATOR)"; \
 	echo "the same as an operator with the CLI (--url defaults to http://127.0.0.1:8080, or TOOLLEDGER_URL):"; \
 	echo "  export TOOLLEDGER_URL=$$url TOOLLEDGER_TOKEN=\$$OPERATOR"; \
 	echo "  $(BIN)/toolledger approvals list --status pending"; \
