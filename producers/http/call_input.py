@@ -12,7 +12,13 @@ from pydantic import ValidationError
 
 from producers.http.door import Door, ToolInfo
 from producers.http.errors import invalid, refused
-from producers.http.headers import JsonBodyError, idempotency_key, strict_json, wait_seconds
+from producers.http.headers import (
+    JsonBodyError,
+    asked_wait,
+    idempotency_key,
+    strict_json,
+    wait_seconds,
+)
 from producers.http.models import CallBody
 from producers.http.responses import JSON, field_errors, read_capped
 from producers.http.validation import body_fix
@@ -97,7 +103,14 @@ async def wait_asked(
     return wait_seconds(request.headers.getlist("prefer"))
 
 
+async def decision_wait_asked(request: Request) -> float:
+    """How long a call sent again may wait for a human's decision: only as long as the caller
+    asked with ``Prefer: wait=N`` (the default wait does not cover a human)."""
+    return asked_wait(request.headers.getlist("prefer")) or 0.0
+
+
 Started = Annotated[float, Depends(request_started)]
 Body = Annotated[CallBody, Depends(call_body)]
 Key = Annotated[str | None, Depends(call_key)]
 Wait = Annotated[float, Depends(wait_asked)]
+DecisionWait = Annotated[float, Depends(decision_wait_asked)]

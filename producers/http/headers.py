@@ -63,11 +63,17 @@ def sf_string(quoted: str) -> str:
 
 
 def wait_seconds(prefer: list[str]) -> float:
+    asked = asked_wait(prefer)
+    return DEFAULT_WAIT_S if asked is None else asked
+
+
+def asked_wait(prefer: list[str]) -> float | None:
+    """The ``wait`` of a ``Prefer`` header (capped), None when the caller sent none."""
     for value in prefer:
         match = _WAIT.search(value)
         if match:
             return min(MAX_WAIT_S, float(match.group(1)))
-    return DEFAULT_WAIT_S
+    return None
 
 
 # Headers whose second copy would let two parties read one request differently.

@@ -19,7 +19,7 @@ from producers.http.access import Caller
 from producers.http.approval_wait import awaited_request, decided_within
 from producers.http.call_admission import Admitted
 from producers.http.call_answer import answer, queued_probe
-from producers.http.call_input import Body, Key, KnownTool, Started, Wait
+from producers.http.call_input import Body, DecisionWait, Key, KnownTool, Started, Wait
 from producers.http.door import Door
 from producers.http.models import CallBody
 from producers.http.openapi import CALLS_PATH, call_responses, request_body
@@ -42,10 +42,11 @@ async def call_tool(
     key: Key,
     _admitted: Admitted,
     wait: Wait,
+    decision_wait: DecisionWait,
 ) -> Response:
     deadline = started + wait
 
-    async def call(token: str | None) -> CallResult:
+    async def call(token: str | None, deadline: float) -> CallResult:
         return await door.client.call(
             info.name,
             body.arguments,
@@ -58,16 +59,19 @@ async def call_tool(
             queued=queued_probe(door, context, info, body.arguments) if key else None,
         )
 
-    result = await call(body.approval_token)
+    result = await call(body.approval_token, deadline)
     request = awaited_request(result)
     # Prefer: wait covers the human's decision too (producers/http/approval_wait.py); then
     # the grant is in the key's book, and the same call goes ahead without a token
+    decision_deadline = started + decision_wait
     if (
         request is not None
-        and time.monotonic() < deadline
-        and await decided_within(door.queries, context.tenant_id, request.approval_id, deadline)
+        and time.monotonic() < decision_deadline
+        and await decided_within(
+            door.queries, context.tenant_id, request.approval_id, decision_deadline
+        )
     ):
-        result = await call(None)
+        result = await call(None, max(deadline, decision_deadline))
     response = await answer(door, context, info.name, key, result, wait)
     door.metrics.observe(info.name, response.status_code, result, time.monotonic() - started)
     return response
