@@ -10,7 +10,6 @@ call keys and a ``commit`` that makes events durable (and fenced) before it retu
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import random
@@ -71,7 +70,7 @@ from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from processors.tracing import set_call_attributes, stage
 from schemas.calls import ANY
-from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
+from schemas.canonical import CanonicalJsonError, canonical_json, digest_of_canonical
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
     ApprovalDenied,
@@ -87,7 +86,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.governance import disabled_error
+from schemas.governance import approval_id_for, disabled_error
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
@@ -204,14 +203,20 @@ class Stages:
             )
         validated = arguments.model_dump(mode="json")
         try:
-            digest = args_digest(validated)
-            redacted = self.redactor.redacted_json(validated, tool.redact_fields)
+            # one canonicalisation for the digest and, with no field to redact, the audit copy
+            # (the redactor's text of the same arguments with nothing masked is this text)
+            canonical = canonical_json(validated)
+            redacted = (
+                self.redactor.redacted_json(validated, tool.redact_fields)
+                if tool.redact_fields
+                else canonical
+            )
         except CanonicalJsonError as exc:
             return reject(
                 ErrorCode.VALIDATION_FAILED, f"The arguments have no canonical form: {exc}"
             )
         context = CallContext.of(env).model_copy(
-            update={"tool_version": tool.version, "args_digest": digest}
+            update={"tool_version": tool.version, "args_digest": digest_of_canonical(canonical)}
         )
         return Admitted(tool, arguments, context, redacted)
 
@@ -272,7 +277,7 @@ class Stages:
                 # the client sends the token's digest: the raw token is never in the log
                 token_digest=intent.approval_token,
                 executor_now=self.clock.now(),
-                new_approval_id="apr_" + hashlib.sha256(ctx.intent_id.encode()).hexdigest()[:24],
+                new_approval_id=approval_id_for(ctx.intent_id),
                 impact_json=self._impact_json(tool, admitted.arguments),
                 request_ttl=self.approval_request_ttl,
             ),

@@ -22,7 +22,14 @@ import math
 import unicodedata
 from typing import Any
 
-__all__ = ["CanonicalJsonError", "args_digest", "canonical_bytes", "canonical_json", "normalise"]
+__all__ = [
+    "CanonicalJsonError",
+    "args_digest",
+    "canonical_bytes",
+    "canonical_json",
+    "digest_of_canonical",
+    "normalise",
+]
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -78,4 +85,10 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 def args_digest(arguments: Any) -> str:
-    return "sha256:" + hashlib.sha256(canonical_bytes(arguments)).hexdigest()
+    return digest_of_canonical(canonical_json(arguments))
+
+
+def digest_of_canonical(text: str) -> str:
+    """The digest of a text that *is* canonical JSON (what :func:`canonical_json` returned):
+    for a caller that needs the canonical text too, so it is made once."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,9 +1,9 @@
 """The embedded runtime: the executor over a :class:`SqliteLog`, in one process.
 
 Single-node by design: no rebalancing, no replication. One partition worker per log
-partition, all in this event loop. One writer task group-commits everything that is ready —
+partition, all in this event loop. One writer thread group-commits everything that is ready —
 appended intents and the batches of every partition — in one SQLite transaction, so the cost
-of an fsync is shared by all of them.
+of an fsync is shared by all of them, and the loop keeps running while the disk syncs.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
@@ -31,62 +33,146 @@ DEFAULT_INTENTS_RETENTION_S = 7 * 86_400.0  # as the Kafka intents topic (toolle
 _PRUNE_CHUNKS_PER_TURN = 100
 
 
+_Intent = tuple[int, bytes, bytes, "asyncio.Future[int]"]
+_Batch = tuple[CommitBatch, list[tuple[bytes, bytes]], "asyncio.Future[None]"]
+
+
 class _Writer:
-    """Coalesces appends and partition batches into one transaction per turn of the loop."""
+    """Group-commits appended intents and partition batches on a thread of its own.
+
+    The event loop queues; the thread takes everything queued, writes it in one SQLite
+    transaction (sqlite3 releases the GIL while it works and fsyncs, so the loop keeps
+    running), and hands the outcome back to the loop. What is queued meanwhile goes into the
+    next transaction: the group commit grows with the load.
+
+    A future is completed on the loop only after :meth:`SqliteLog.write` returned, that is
+    after the COMMIT (and its fsync): a partition's Started is durable before the handler it
+    allows runs, as when the write ran on the loop. A write that raises fails exactly the
+    futures of its transaction. The queue is guarded by ``_ready``'s lock; everything else
+    (``failing``, ``_unresolved``, the futures) is touched on the loop only.
+    """
 
     def __init__(self, log: SqliteLog, on_appended: Callable[[int], None]) -> None:
         self._log = log
         self._on_appended = on_appended
-        self._intents: list[tuple[int, bytes, bytes, asyncio.Future[None]]] = []
-        self._batches: list[
-            tuple[CommitBatch, list[tuple[bytes, bytes]], asyncio.Future[None]]
-        ] = []
-        self._wakeup = asyncio.Event()
+        self._ready = threading.Condition()
+        self._intents: list[_Intent] = []
+        self._batches: list[_Batch] = []
+        self._barriers: list[asyncio.Future[None]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._unresolved = 0  # queued or being written, not yet answered on the loop
         self.failing = False  # the last write failed (a full disk, a read-only file system)
 
-    async def append(self, partition: int, key: bytes, value: bytes) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._intents.append((partition, key, value, future))
-        self._wakeup.set()
-        await future
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop,), name="toolledger-writer", daemon=True
+        )
+        self._thread.start()
+
+    async def append(self, partition: int, key: bytes, value: bytes) -> int:
+        """Append an intent; returns its offset once it is durable."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue(intent=(partition, key, value, future))
+        return await future
 
     async def commit(self, batch: CommitBatch) -> None:
         encoded = [(e.call_key.encode("utf-8"), encode(e)) for e in batch.events]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._batches.append((batch, encoded, future))
-        self._wakeup.set()
+        self._queue(batch=(batch, encoded, future))
         await future
+
+    async def barrier(self) -> None:
+        """Returns once everything queued before it is written (or failed)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._ready:
+            if self._stopping:
+                return  # stop() writes what is queued before it returns
+            self._barriers.append(future)
+            self._ready.notify()
+        await future
+
+    def _queue(self, *, intent: _Intent | None = None, batch: _Batch | None = None) -> None:
+        with self._ready:
+            if self._stopping:  # the thread may be gone: nothing would answer the future
+                raise RuntimeError("the embedded ledger's writer is stopped")
+            if intent is not None:
+                self._intents.append(intent)
+            if batch is not None:
+                self._batches.append(batch)
+            self._ready.notify()
+        self._unresolved += 1
 
     @property
     def idle(self) -> bool:
-        return not (self._intents or self._batches)
+        return self._unresolved == 0
 
-    async def run(self) -> None:
+    async def stop(self) -> None:
+        """Write what is queued, then end the thread (and wait for it)."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The writer thread: one transaction per turn, for everything queued at its start."""
         while True:
-            await self._wakeup.wait()
-            await asyncio.sleep(0)  # let the other partitions' flushers queue theirs too
-            self._wakeup.clear()
-            intents, self._intents = self._intents, []
-            batches, self._batches = self._batches, []
-            futures = [f for *_, f in intents] + [f for *_, f in batches]
-            if not futures:
-                continue
+            with self._ready:
+                while not (self._intents or self._batches or self._barriers or self._stopping):
+                    self._ready.wait()
+                intents, self._intents = self._intents, []
+                batches, self._batches = self._batches, []
+                barriers, self._barriers = self._barriers, []
+            if not (intents or batches or barriers):  # stopping, and everything is written
+                return
+            error: Exception | None = None
+            offsets: list[int] = []
+            if intents or batches:
+                try:
+                    offsets = self._log.write(
+                        [(p, k, v) for p, k, v, _ in intents], [(b, e) for b, e, _ in batches]
+                    )
+                except Exception as exc:
+                    error = exc
             try:
-                self._log.write(
-                    [(p, k, v) for p, k, v, _ in intents], [(b, e) for b, e, _ in batches]
-                )
-                self.failing = False
-            except Exception as exc:
-                self.failing = True
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
+                loop.call_soon_threadsafe(self._written, intents, batches, barriers, offsets, error)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                return
+
+    def _written(
+        self,
+        intents: list[_Intent],
+        batches: list[_Batch],
+        barriers: list[asyncio.Future[None]],
+        offsets: list[int],
+        error: Exception | None,
+    ) -> None:
+        """On the loop: answer the futures of one transaction (and the barriers queued after
+        what it wrote: everything before them is answered now)."""
+        for barrier in barriers:
+            if not barrier.done():
+                barrier.set_result(None)
+        if not (intents or batches):
+            return
+        self._unresolved -= len(intents) + len(batches)
+        self.failing = error is not None
+        futures: list[asyncio.Future[Any]] = [f for *_, f in intents] + [f for *_, f in batches]
+        if error is not None:
             for future in futures:
                 if not future.done():
-                    future.set_result(None)
-            for partition in {p for p, *_ in intents}:
-                self._on_appended(partition)
+                    future.set_exception(error)
+            return
+        for (*_, intent_future), offset in zip(intents, offsets, strict=True):
+            if not intent_future.done():
+                intent_future.set_result(offset)
+        for *_, batch_future in batches:
+            if not batch_future.done():
+                batch_future.set_result(None)
+        for partition in {p for p, *_ in intents}:
+            self._on_appended(partition)
 
 
 class _Store:
@@ -144,25 +230,31 @@ class EmbeddedRuntime:
         self._arrived = [asyncio.Event() for _ in range(log.partitions)]
         self._readers: list[asyncio.Task[None]] = []
         self._writer = _Writer(log, lambda partition: self._arrived[partition].set())
-        self._writer_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._writer_task = asyncio.create_task(self._writer.run())
-        self.workers = [await self._new_worker(p) for p in range(self.log.partitions)]
+        self._writer.start()
+        try:
+            for p in range(self.log.partitions):
+                self.workers.append(await self._new_worker(p))
+        except BaseException:
+            await self.stop()  # the workers started so far, and the writer's thread
+            raise
         self._readers = [asyncio.create_task(self._read(p)) for p in range(self.log.partitions)]
         if self._intents_retention_s is not None:
             self._pruner = asyncio.create_task(self._prune(self._intents_retention_s))
 
     async def _prune(self, retention_s: float) -> None:
         """Delete processed intents past their retention, a chunk per transaction, between
-        other writes (each chunk is one short transaction on this loop)."""
+        other writes (each chunk is one short transaction, in a thread: the log's lock orders
+        it with the writer's transactions)."""
         while True:
             await asyncio.sleep(self._prune_interval_s)
             try:
                 for _ in range(_PRUNE_CHUNKS_PER_TURN):
-                    if not self.log.prune_intents(time.time() - retention_s):
+                    if not await asyncio.to_thread(
+                        self.log.prune_intents, time.time() - retention_s
+                    ):
                         break
-                    await asyncio.sleep(0)  # let the writer in between chunks
             except sqlite3.Error as exc:  # e.g. a full disk: tried again next time
                 log.warning("pruning intents failed", extra={"error": str(exc)})
 
@@ -211,9 +303,7 @@ class EmbeddedRuntime:
 
     async def send_raw(self, partition: int, key: bytes, value: bytes) -> int:
         """Append bytes as they are (tests of bad input use it)."""
-        offset = self.log.write([(partition, key, value)], [])[0]
-        self._arrived[partition].set()
-        return offset
+        return await self._writer.append(partition, key, value)
 
     async def drain(self) -> None:
         """Wait until every appended intent is processed and committed."""
@@ -239,10 +329,9 @@ class EmbeddedRuntime:
                 await task
         for worker in self.workers:
             await worker.stop()
-        if self._writer_task is not None:
-            self._writer_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
+        # last: what the stopped workers queued is still written (a batch is atomic, so a
+        # write now is as good as one just before the stop), then the thread ends
+        await self._writer.stop()
 
     async def _read(self, partition: int) -> None:
         """Feed the partition's worker; a worker whose write failed is replaced by a new one
@@ -254,6 +343,8 @@ class EmbeddedRuntime:
             await self._feed_until_failed(worker)
             log.warning("partition failed; restarting it", extra={"partition": partition})
             await worker.stop()
+            # a batch the stopped worker queued lands before the new worker reads the file
+            await self._writer.barrier()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
             try:

@@ -4,6 +4,15 @@ Same partitioning function, same encoded events and same offsets as on Kafka, so
 be exported and replayed into Kafka. Every write that matters is one SQLite transaction:
 outcome events + call states + input position + projections together.
 
+Two connections, so that the log's writes can run on a thread of their own (the embedded
+runtime's writer) while the event loop reads: the log's own writes (:meth:`SqliteLog.write`,
+:meth:`~SqliteLog.append`, :meth:`~SqliteLog.probe`, :meth:`~SqliteLog.prune_intents`,
+:meth:`~SqliteLog.vacuum`, :meth:`~SqliteLog.rebuild_projections`) go through a private write
+connection, one at a time under a lock, from whichever thread calls them; ``conn`` is the
+connection of the event loop's thread (reads, and what others write on their own, such as the
+group log). An sqlite3 connection is never used by two threads at once, and SQLite's own
+locking orders the two connections' transactions (WAL: a reader sees the last commit).
+
 The projections (the read model in the same file) are not this module's: the log is handed a
 :class:`LogProjection` (the composition root gives it ``projections.sqlite.SqliteProjection``)
 and calls it inside its own transactions. See docs/architecture.md#the-event-flow.
@@ -15,6 +24,7 @@ import fcntl
 import logging
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -130,15 +140,19 @@ class SqliteLog:
                 check_readable(self.path)
                 check_identity(self.path, self._check_format())
             try:
-                self.conn = self._open(synchronous)
+                self._writes = self._open(synchronous)
                 self.partitions = self._init_meta(partitions)
                 self.epoch = self._bump_epoch()
+                self.conn = self._connect(synchronous)
                 record_identity(self.path, self.meta("ledger_id"))
             except (sqlite3.Error, OSError) as exc:
                 raise write_failure(self.path, exc) from None
         except BaseException:
             self._unlock()
             raise
+        # held for every use of the write connection and of the offsets below, which only its
+        # transactions move
+        self._write_lock = threading.Lock()
         self._next: dict[tuple[str, int], int] = {}
         self._marked: dict[tuple[str, int], float] = {}  # when each partition was last marked
         self.mark_interval_s = MARK_INTERVAL_S
@@ -195,7 +209,8 @@ class SqliteLog:
             )
         return None if identity is None else str(identity[0])
 
-    def _open(self, synchronous: str) -> sqlite3.Connection:
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        """A connection with the ledger's settings (each connection has its own: both write)."""
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -203,6 +218,11 @@ class SqliteLog:
         # does not leave a WAL of its peak size behind
         conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    def _open(self, synchronous: str) -> sqlite3.Connection:
+        """The write connection, with the tables made and brought up to date."""
+        conn = self._connect(synchronous)
         conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{self.projection.ddl}COMMIT;")
         with transaction(conn):
             state_table.migrate(conn)
@@ -211,37 +231,33 @@ class SqliteLog:
         return conn
 
     def _init_meta(self, partitions: int) -> int:
-        with transaction(self.conn):
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
-            self.conn.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(partitions),)
-            )
-            self.conn.execute(
+        # here and in _bump_epoch, no lock: nothing else has the log before __init__ returns
+        with transaction(self._writes) as conn:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(partitions),))
+            conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
                 (secrets.token_hex(32),),
             )
-            self.conn.execute(
+            conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
             )
-        return int(self.meta("partitions"))
+        return int(_meta(self._writes, self.path, "partitions"))
 
     def _bump_epoch(self) -> int:
-        with transaction(self.conn):
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', '0')")
-            self.conn.execute("UPDATE meta SET v = CAST(v AS INTEGER) + 1 WHERE k = 'epoch'")
-        return int(self.meta("epoch"))
+        with transaction(self._writes) as conn:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', '0')")
+            conn.execute("UPDATE meta SET v = CAST(v AS INTEGER) + 1 WHERE k = 'epoch'")
+        return int(_meta(self._writes, self.path, "epoch"))
 
     def meta(self, key: str) -> str:
-        row = self.conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
-        if row is None:
-            raise LedgerFileError(f"{self.path}: meta key {key!r} is missing")
-        return str(row[0])
+        return _meta(self.conn, self.path, key)
 
     def probe(self) -> None:
         """One small committed write (raises if the ledger cannot commit now: a full disk, a
         read-only file system)."""
-        with transaction(self.conn):
-            self.conn.execute(
+        with self._write_lock, transaction(self._writes) as conn:
+            conn.execute(
                 "INSERT INTO meta VALUES ('write_probe', '1') ON CONFLICT (k) "
                 "DO UPDATE SET v = CAST(v AS INTEGER) + 1"
             )
@@ -250,9 +266,10 @@ class SqliteLog:
         """Checkpoint the WAL and rewrite the file without its free pages (space left by
         expired keys' states and by deleted records); returns the bytes before and after."""
         before = self.size()
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self.conn.execute("VACUUM")
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with self._write_lock:
+            self._writes.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._writes.execute("VACUUM")
+            self._writes.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return before, self.size()
 
     def size(self) -> int:
@@ -260,22 +277,27 @@ class SqliteLog:
         return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
 
     def close(self) -> None:
-        """Checkpoint the WAL into the file, close, release the lock."""
-        try:
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error as exc:  # e.g. a full disk: the WAL stays, and is replayed
-            log.warning("WAL checkpoint failed", extra={"path": str(self.path), "error": str(exc)})
-        finally:
-            self.reader.close()
-            self.conn.close()
-            self._unlock()
+        """Checkpoint the WAL into the file, close, release the lock. Waits for a write in
+        progress on another thread; a write after this fails (the connection is closed)."""
+        with self._write_lock:
+            try:
+                self.reader.close()
+                self.conn.close()  # first: an open read would hold the checkpoint back
+                self._writes.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:  # e.g. a full disk: the WAL stays, and is replayed
+                log.warning(
+                    "WAL checkpoint failed", extra={"path": str(self.path), "error": str(exc)}
+                )
+            finally:
+                self._writes.close()
+                self._unlock()
 
     # -- the log ----------------------------------------------------------------------------
 
     def _next_offset(self, topic: str, partition: int) -> int:
         key = (topic, partition)
         if key not in self._next:
-            row = self.conn.execute(
+            row = self._writes.execute(
                 "SELECT MAX(offset) FROM log WHERE topic = ? AND partition = ?", key
             ).fetchone()
             self._next[key] = 0 if row[0] is None else row[0] + 1
@@ -298,8 +320,8 @@ class SqliteLog:
             ):
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
-        self.conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
-        self.conn.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
+        self._writes.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
+        self._writes.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
         return offsets
 
     def prune_intents(self, before: float, limit: int = 5_000) -> int:
@@ -308,29 +330,29 @@ class SqliteLog:
         many were deleted. Raw arguments live only in intents: this is their retention. The
         last intent of a partition is always kept (it carries the partition's next offset)."""
         deleted = 0
-        with transaction(self.conn):
+        with self._write_lock, transaction(self._writes) as conn:
             for p in range(self.partitions):
-                marked = self.conn.execute(
+                marked = conn.execute(
                     "SELECT MAX(offset) FROM log_marks WHERE topic = ? AND partition = ? "
                     "AND at <= ?",
                     (INTENTS, p, before),
                 ).fetchone()[0]
-                first = self.conn.execute(
+                first = conn.execute(
                     "SELECT MIN(offset) FROM log WHERE topic = ? AND partition = ?", (INTENTS, p)
                 ).fetchone()[0]
                 if marked is None or first is None:
                     continue
-                processed = self.position(EXECUTOR, INTENTS, p)
+                processed = _position(conn, EXECUTOR, INTENTS, p)
                 upto = min(marked, processed, self._next_offset(INTENTS, p) - 1)
                 stop = min(upto, first + limit)
                 if stop <= first:
                     continue
-                deleted += self.conn.execute(
+                deleted += conn.execute(
                     "DELETE FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
                     "AND offset < ?",
                     (INTENTS, p, first, stop),
                 ).rowcount
-                self.conn.execute(
+                conn.execute(
                     "DELETE FROM log_marks WHERE topic = ? AND partition = ? AND offset < ?",
                     (INTENTS, p, stop),
                 )
@@ -338,31 +360,28 @@ class SqliteLog:
 
     def append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
         """Append ``(partition, key, value)`` records in one transaction; return their offsets."""
-        try:
-            with transaction(self.conn):
-                return self._append(topic, records)
-        except BaseException:
-            self._next.clear()
-            self._marked.clear()
-            raise
+        with self._write_lock:
+            try:
+                with transaction(self._writes):
+                    return self._append(topic, records)
+            except BaseException:
+                self._next.clear()
+                self._marked.clear()
+                raise
 
     def read(
         self, topic: str, partition: int, from_offset: int, limit: int = 512
     ) -> list[tuple[int, bytes]]:
-        return [
-            (int(o), bytes(v))
-            for o, v in self.conn.execute(
-                "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
-                "ORDER BY offset LIMIT ?",
-                (topic, partition, from_offset, limit),
-            )
-        ]
+        return _records(self.conn, topic, partition, from_offset, limit)
 
     def events(self, topic: str = OUTCOMES) -> Iterator[tuple[Event, Position]]:
         """Every event of a topic in log order; a record that does not decode is an error."""
+        return self._events(self.conn, topic)
+
+    def _events(self, conn: sqlite3.Connection, topic: str) -> Iterator[tuple[Event, Position]]:
         for partition in range(self.partitions):
             offset = 0
-            while batch := self.read(topic, partition, offset):
+            while batch := _records(conn, topic, partition, offset, 512):
                 for offset, value in batch:
                     try:
                         yield decode(value), Position(partition, offset)
@@ -374,11 +393,7 @@ class SqliteLog:
                 offset += 1
 
     def position(self, consumer: str, topic: str, partition: int) -> int:
-        row = self.conn.execute(
-            "SELECT next_offset FROM positions WHERE consumer = ? AND topic = ? AND partition = ?",
-            (consumer, topic, partition),
-        ).fetchone()
-        return 0 if row is None else int(row[0])
+        return _position(self.conn, consumer, topic, partition)
 
     # -- executor state -----------------------------------------------------------------------
 
@@ -391,35 +406,38 @@ class SqliteLog:
         batches: Sequence[tuple[CommitBatch, Sequence[tuple[bytes, bytes]]]],
     ) -> list[int]:
         """One transaction (one fsync) for appended intents and executor batches of any
-        partitions; returns the intents' offsets."""
-        try:
-            with transaction(self.conn):
-                offsets = self._append(INTENTS, intents) if intents else []
-                for batch, encoded in batches:
-                    self._commit_batch(batch, encoded)
-                return offsets
-        except BaseException:
-            self._next.clear()
-            self._marked.clear()
-            raise
+        partitions; returns the intents' offsets. Safe from any thread (the runtime calls it
+        from its writer thread)."""
+        with self._write_lock:
+            try:
+                with transaction(self._writes):
+                    offsets = self._append(INTENTS, intents) if intents else []
+                    for batch, encoded in batches:
+                        self._commit_batch(batch, encoded)
+                    return offsets
+            except BaseException:
+                self._next.clear()
+                self._marked.clear()
+                raise
 
     def _commit_batch(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
         """Outcome events, call states, dead letters, projections and the position."""
+        conn = self._writes
         offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
-        state_table.put_batch(self.conn, batch)  # expired keys: the state goes, not the audit
-        self.conn.executemany(
+        state_table.put_batch(conn, batch)  # expired keys: the state goes, not the audit
+        conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
             "VALUES (?, ?, ?, ?, ?)",
             [(INTENTS, batch.partition, d.offset, d.reason, d.value) for d in batch.dead_letters],
         )
         if batch.next_offset is not None:
-            self.conn.execute(
+            conn.execute(
                 "INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT "
                 "(consumer, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
                 (EXECUTOR, INTENTS, batch.partition, batch.next_offset),
             )
         self.projection.apply(
-            self.conn,
+            conn,
             [
                 (event, Position(batch.partition, offset))
                 for event, offset in zip(batch.events, offsets, strict=True)
@@ -429,11 +447,39 @@ class SqliteLog:
 
     def rebuild_projections(self) -> int:
         """Drop the projections and fold them again from the outcome log; returns events read."""
-        with transaction(self.conn):
-            self.projection.drop(self.conn)
+        with self._write_lock, transaction(self._writes) as conn:
+            self.projection.drop(conn)
             for statement in self.projection.ddl.split(";"):
                 if statement.strip():
-                    self.conn.execute(statement)
-            events = list(self.events())
-            self.projection.apply(self.conn, events)
+                    conn.execute(statement)
+            events = list(self._events(conn, OUTCOMES))
+            self.projection.apply(conn, events)
         return len(events)
+
+
+def _meta(conn: sqlite3.Connection, path: Path, key: str) -> str:
+    row = conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+    if row is None:
+        raise LedgerFileError(f"{path}: meta key {key!r} is missing")
+    return str(row[0])
+
+
+def _records(
+    conn: sqlite3.Connection, topic: str, partition: int, from_offset: int, limit: int
+) -> list[tuple[int, bytes]]:
+    return [
+        (int(o), bytes(v))
+        for o, v in conn.execute(
+            "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
+            "ORDER BY offset LIMIT ?",
+            (topic, partition, from_offset, limit),
+        )
+    ]
+
+
+def _position(conn: sqlite3.Connection, consumer: str, topic: str, partition: int) -> int:
+    row = conn.execute(
+        "SELECT next_offset FROM positions WHERE consumer = ? AND topic = ? AND partition = ?",
+        (consumer, topic, partition),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
