@@ -12,11 +12,13 @@ another without a change.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from processors.runtime.group_runner import GroupRunner
 from processors.tools.registry import ToolRegistry
 from producers.client import DEFAULT_WAIT_S, CallResult, LedgerClient, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
@@ -24,8 +26,8 @@ from schemas.groups import GroupAnswer
 from schemas.topics import Topics
 
 _NO_KAFKA_GROUPS = (
-    "call groups run on the embedded ledger (Ledger.embedded) or through a server's HTTP API "
-    "(Ledger.http) for now, not directly on Kafka"
+    "call groups on Kafka keep their log in PostgreSQL and need the tools: build the ledger "
+    "with Ledger.kafka(bootstrap, registry, postgres=<dsn>)"
 )
 
 
@@ -107,7 +109,12 @@ class _Kafka:
     authenticated = False
 
     def __init__(
-        self, bootstrap: str, topics: Topics, registry: ToolRegistry | None, wait_s: float
+        self,
+        bootstrap: str,
+        topics: Topics,
+        registry: ToolRegistry | None,
+        wait_s: float,
+        postgres: str | None,
     ) -> None:
         try:
             from producers.kafka import KafkaTransport
@@ -118,26 +125,68 @@ class _Kafka:
         self.transport = KafkaTransport(bootstrap, topics)
         self.registry = registry
         self.wait_s = wait_s
+        self.postgres = postgres
+        self.groups: GroupRunner | None = None
+        self._stack = contextlib.AsyncExitStack()
 
     async def open(self) -> _Caller:
         await self.transport.start()
-        return LedgerClient(self.transport, default_wait_s=self.wait_s)
+        client = LedgerClient(self.transport, default_wait_s=self.wait_s)
+        if self.postgres is not None and self.registry is not None:
+            self.groups = await self._open_groups(client, self.postgres, self.registry)
+        return client
+
+    async def _open_groups(
+        self, client: LedgerClient, dsn: str, registry: ToolRegistry
+    ) -> GroupRunner:
+        """The group orchestrator as ``toolledger serve`` runs it on this backend: its log in
+        PostgreSQL, claimed per group (advisory locks), so several processes may run it."""
+        from projections.postgres import PostgresProjection, migrate
+        from projections.postgres_groups import PostgresGroupLog
+        from toolledger.groups import ledger_groups
+
+        await migrate(dsn)
+        projection = await self._stack.enter_async_context(PostgresProjection(dsn))
+        group_log = PostgresGroupLog(projection, dsn)
+        await group_log.open()
+        self._stack.push_async_callback(group_log.close)
+        groups = ledger_groups(group_log, group_log, client, lambda: registry)
+        await groups.start()
+        self._stack.push_async_callback(groups.stop)
+        return groups
 
     async def close(self, failed: bool) -> None:
-        await self.transport.stop()
+        try:
+            await self._stack.aclose()
+        finally:
+            await self.transport.stop()
 
     async def tools(self) -> list[RemoteTool]:
         return _registry_tools(self.registry) if self.registry is not None else []
 
+    def _runner(self) -> GroupRunner:
+        if self.groups is None:
+            raise RuntimeError(_NO_KAFKA_GROUPS)
+        return self.groups
+
     async def run_group(
         self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
     ) -> GroupAnswer:
-        raise NotImplementedError(_NO_KAFKA_GROUPS)
+        assert who is not None
+        return await self._runner().submit(
+            tenant_id=who.tenant_id,
+            principal=who.principal,
+            scopes=sorted(who.scopes),
+            group_key=key,
+            body=body,
+            wait_s=wait_s,
+        )
 
     async def resume_group(
         self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
     ) -> GroupAnswer:
-        raise NotImplementedError(_NO_KAFKA_GROUPS)
+        assert who is not None
+        return await self._runner().resume(who.tenant_id, group_id, tokens, wait_s)
 
 
 class _Http:
@@ -205,12 +254,15 @@ class Ledger:
         partitions: int = 4,
         context: TrustedContext | None = None,
         default_wait_s: float = 10.0,
+        postgres: str | None = None,
     ) -> Ledger:
         """Intents appended to the Kafka cluster at ``bootstrap`` (topics ``<prefix>intents``
         and so on, made by ``toolledger topics``), executed by ``toolledger executor``
-        processes. ``registry`` is only used to list the tools (the executors hold theirs)."""
+        processes. ``registry`` lists the tools (the executors hold theirs) and, with
+        ``postgres`` (the projection's DSN), lets :meth:`run_group` run call groups here, their
+        log in PostgreSQL as ``toolledger serve`` keeps it."""
         topics = Topics(prefix, partitions)
-        return cls(_Kafka(bootstrap, topics, registry, default_wait_s), context)
+        return cls(_Kafka(bootstrap, topics, registry, default_wait_s, postgres), context)
 
     @classmethod
     def http(cls, url: str, token: str, *, default_wait_s: float = 10.0) -> Ledger:

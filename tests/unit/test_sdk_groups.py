@@ -1,8 +1,11 @@
-"""``Ledger.run_group`` on the embedded ledger and through the HTTP transport: the same group
+"""``Ledger.run_group`` on the embedded ledger, on Kafka (groups' log in PostgreSQL) and
+through the HTTP transport: the same group
 answers the same, each step runs once, a failure compensates, a replay runs nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.over_http import over_http
+from tests.services import Services
 from toolledger import Compensation, Ledger, Registry, ToolContext, ToolError, TrustedContext
 from toolledger.embedded import EmbeddedLedger
 
@@ -59,10 +63,42 @@ STEPS = [
 ]
 
 
-@pytest.fixture(params=["embedded", "http"])
+@contextlib.asynccontextmanager
+async def _on_kafka(registry: Registry, services: Services) -> AsyncIterator[Ledger]:
+    """``Ledger.kafka`` with ``postgres=``: the groups' log in PostgreSQL, the steps executed
+    by a Kafka executor (in this process, with the same tools)."""
+    from processors.pipeline import Stages
+    from processors.runtime.kafka import KafkaExecutor
+    from processors.tools.redaction import Redactor
+    from schemas.topics import Topics
+    from toolledger.kafka_admin import ensure_topics
+
+    prefix = f"g{uuid.uuid4().hex[:10]}."
+    await ensure_topics(services.kafka, Topics(prefix, 4))
+    dsn = await services.fresh_database()
+    executor = KafkaExecutor(
+        services.kafka, Topics(prefix, 4), Stages(registry, Redactor(b"k" * 32)),
+        session_timeout_ms=15000, sweep_interval_s=0.1,
+    )  # fmt: skip
+    await executor.start()
+    try:
+        await executor.assigned.wait()
+        ledger = Ledger.kafka(services.kafka, registry, prefix=prefix, postgres=dsn, context=ALICE)
+        async with ledger:
+            yield ledger
+    finally:
+        await executor.stop()
+
+
+@pytest.fixture(params=["embedded", "http", pytest.param("kafka", marks=pytest.mark.services)])
 async def run(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     effects: list[str] = []
     registry = _registry(effects)
+    if request.param == "kafka":
+        services: Services = request.getfixturevalue("services")
+        async with _on_kafka(registry, services) as ledger:
+            yield ledger, effects
+        return
     if request.param == "embedded":
         async with Ledger.embedded(tmp_path / "l.db", registry, context=ALICE) as ledger:
             yield ledger, effects
