@@ -4,11 +4,13 @@ authenticator (tokens file and/or JWTs verified against a JWKS file) and its rat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
@@ -32,6 +34,7 @@ from producers.http.jwt_auth import (
 from producers.http.ratelimit import PolicyError, RateLimiter, RatePolicy
 from schemas.calls import CallQueries
 from schemas.topics import Topics
+from toolledger.audit import audit_retention as keep_audit
 from toolledger.config import ConfigError
 from toolledger.http_server import ConnectionLimits, serve_app
 
@@ -155,10 +158,13 @@ async def embedded_door(
     shutdown_timeout_s: float = 30.0,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
+    audit_retention: timedelta | None = None,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
-    ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it."""
+    ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it. ``audit_retention``:
+    how long the audit trail keeps an expired key's record (None: forever)."""
     from processors.runtime.intent_lookup import SqliteIntentLookup
+    from projections.audit_retention import prune_sqlite
     from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
@@ -184,23 +190,37 @@ async def embedded_door(
 
         calls = SqliteCalls(ledger.log.conn, path=ledger_file)
         intents = SqliteIntentLookup(ledger_file, ledger.log.partitions)
+        pruner = sqlite3.connect(ledger_file, timeout=5.0, check_same_thread=False)
+
+        async def prune(cutoff: datetime) -> int:
+            return await asyncio.to_thread(prune_sqlite, pruner, cutoff)
+
         try:
             front = door(ledger.client, calls, ready)
             front.groups = ledger.groups
             front.intents = intents
-            yield front
+            async with keep_audit(prune, audit_retention):
+                yield front
         finally:
+            pruner.close()
             intents.close()
             calls.close()
 
 
 @contextlib.asynccontextmanager
 async def distributed_door(
-    kafka: str, postgres: str, topics: Topics, registry: ToolRegistry, security: Security
+    kafka: str,
+    postgres: str,
+    topics: Topics,
+    registry: ToolRegistry,
+    security: Security,
+    audit_retention: timedelta | None = None,
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of the Kafka + PostgreSQL backend."""
+    """The front door of the Kafka + PostgreSQL backend (``audit_retention``: see
+    :func:`embedded_door`; one front door at a time prunes)."""
     from producers.kafka import KafkaTransport
     from producers.kafka_intents import KafkaIntentLookup
+    from projections.audit_retention import prune_postgres
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
     from projections.postgres_groups import PostgresGroupLog
     from toolledger.groups import ledger_groups
@@ -234,8 +254,13 @@ async def distributed_door(
             front.groups = groups
             front.intents = KafkaIntentLookup(kafka, topics)
             await groups.start()  # drives the unfinished groups no other front door claims
+
+            async def prune(cutoff: datetime) -> int:
+                return await prune_postgres(postgres, cutoff)
+
             try:
-                yield front
+                async with keep_audit(prune, audit_retention):
+                    yield front
             finally:
                 await groups.stop()
                 await group_log.close()
@@ -256,10 +281,11 @@ def open_door(
     shutdown_timeout_s: float = 30.0,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
+    audit_retention: timedelta | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
-        return distributed_door(kafka, postgres, topics, registry, security)
+        return distributed_door(kafka, postgres, topics, registry, security, audit_retention)
     return embedded_door(
         data,
         registry,
@@ -269,6 +295,7 @@ def open_door(
         shutdown_timeout_s,
         cache_entries,
         intents_retention,
+        audit_retention,
     )
 
 

@@ -1,0 +1,166 @@
+"""The audit trail's own retention (``--audit-retention``, default forever).
+
+The audit trail is the read model's ``tool_call_events`` and ``tool_calls``. Past the
+retention, a finished call whose key has expired loses its record: its row and its events,
+once the row was last updated before the cutoff. A key still alive keeps its record (its
+replays are answered from the row), so a key kept forever keeps its audit trail forever. Events without a row (refusals, read-only calls, approvals of
+calls that never started) go once they are older than the cutoff. A PENDING or UNKNOWN call
+keeps its whole record, however old: it is still to be resolved, and support staff need it.
+
+Each round walks the events in ``seq`` order from the start (the primary key: no index on
+time to keep up), a window of :data:`BATCH` rows a pass, and stops at the first event newer
+than the cutoff. What it keeps (open calls) it passes over; as the head of the table holds
+only such records after a round, a round reads little more than what it deletes.
+The queries are written once over the :class:`~projections.dialect.Dialect`; an adapter
+runs them in one transaction per window.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from projections.dialect import POSTGRES, SQLITE, Dialect, Query
+
+BATCH = 1_000
+OPEN_STATUSES = ("PENDING", "UNKNOWN")
+
+
+def window_sql(d: Dialect, after_seq: int, limit: int = BATCH) -> Query:
+    """The next window of events: their seq, call and time."""
+    return (
+        f"SELECT seq, call_id, occurred_at FROM tool_call_events WHERE seq > {d.mark} "
+        f"ORDER BY seq LIMIT {d.mark}",
+        [after_seq, limit],
+    )
+
+
+def kept_calls_sql(d: Dialect, call_ids: Sequence[str], cutoff: datetime) -> Query:
+    """Of ``call_ids``, the calls whose record stays: open, updated since the cutoff, or with
+    a key still alive (its replays are answered from this row)."""
+    marks = ", ".join([d.mark] * len(call_ids))
+    opened = ", ".join(f"'{s}'" for s in OPEN_STATUSES)
+    return (
+        f"SELECT call_id FROM tool_calls WHERE call_id IN ({marks}) "
+        f"AND (status IN ({opened}) OR expired_at IS NULL OR updated_at >= {d.mark})",
+        [*call_ids, d.time(cutoff)],
+    )
+
+
+def delete_sql(d: Dialect, seqs: Sequence[int], call_ids: Sequence[str]) -> list[Query]:
+    """Delete these events and these calls' rows."""
+    queries: list[Query] = []
+    if seqs:
+        marks = ", ".join([d.mark] * len(seqs))
+        queries.append((f"DELETE FROM tool_call_events WHERE seq IN ({marks})", list(seqs)))
+    if call_ids:
+        marks = ", ".join([d.mark] * len(call_ids))
+        queries.append((f"DELETE FROM tool_calls WHERE call_id IN ({marks})", list(call_ids)))
+    return queries
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """What one window decided."""
+
+    deleted_events: list[int]
+    deleted_calls: list[str]
+    cursor: int  # the last seq looked at
+    done: bool  # the window reached the cutoff (or the end): stop until the next round
+
+
+def plan(
+    d: Dialect,
+    after_seq: int,
+    window: Sequence[Mapping[str, Any]],
+    kept: set[str],
+    cutoff: datetime,
+    limit: int = BATCH,
+) -> Pass:
+    """The events and rows of ``window`` (the events after ``after_seq``) to delete: older
+    than ``cutoff`` and not of a kept call. A row goes with its events; a finished call's
+    events all precede its last update, so they are in this window or earlier ones. Events
+    are in log order, which follows time closely: a pass stops at the first recent event."""
+    boundary = d.time(cutoff)
+    events: list[int] = []
+    calls: set[str] = set()
+    cursor = after_seq
+    for row in window:
+        if not _older(row["occurred_at"], boundary):
+            return Pass(events, sorted(calls), cursor, True)
+        cursor = int(row["seq"])
+        if row["call_id"] not in kept:
+            events.append(cursor)
+            calls.add(row["call_id"])
+    return Pass(events, sorted(calls), cursor, len(window) < limit)
+
+
+def _older(value: Any, boundary: Any) -> bool:
+    """Whether an ``occurred_at`` as the database returns it is before the boundary (the
+    dialect's time parameter: text in SQLite, an aware datetime in PostgreSQL)."""
+    if isinstance(value, datetime) and isinstance(boundary, datetime):
+        return value < boundary
+    return str(value) < str(boundary)
+
+
+def prune_sqlite(conn: sqlite3.Connection, cutoff: datetime, limit: int = BATCH) -> int:
+    """One round on a SQLite read model (its own connection: writes wait for the ledger's
+    writer through SQLite's lock); one transaction per window. Returns the events deleted."""
+    d, cursor, deleted = SQLITE, 0, 0
+    while True:
+        window = _rows(conn, window_sql(d, cursor, limit))
+        ids = sorted({r["call_id"] for r in window})
+        kept = {r["call_id"] for r in _rows(conn, kept_calls_sql(d, ids, cutoff))} if ids else set()
+        step = plan(d, cursor, window, kept, cutoff, limit)
+        with conn:
+            for sql, params in delete_sql(d, step.deleted_events, step.deleted_calls):
+                conn.execute(sql, params)
+        deleted += len(step.deleted_events)
+        if step.done:
+            return deleted
+        cursor = step.cursor
+
+
+def _rows(conn: sqlite3.Connection, query: Query) -> list[dict[str, Any]]:
+    cursor = conn.execute(*query)
+    names = [c[0] for c in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+async def prune_postgres(dsn: str, cutoff: datetime, limit: int = BATCH) -> int:
+    """One round on the PostgreSQL read model, by one front door at a time (an advisory
+    lock: the others skip the round); one transaction per window."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    d, cursor, deleted = POSTGRES, 0, 0
+    async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
+        got = await (
+            await conn.execute("SELECT pg_try_advisory_lock(%s) AS got", [_LOCK])
+        ).fetchone()
+        if not got or not got["got"]:
+            return 0
+        try:
+            while True:
+                async with conn.transaction():
+                    window = await (await conn.execute(*window_sql(d, cursor, limit))).fetchall()
+                    ids = sorted({r["call_id"] for r in window})
+                    kept: set[str] = set()
+                    if ids:
+                        found = await conn.execute(*kept_calls_sql(d, ids, cutoff))
+                        kept = {r["call_id"] for r in await found.fetchall()}
+                    step = plan(d, cursor, window, kept, cutoff, limit)
+                    for sql, params in delete_sql(d, step.deleted_events, step.deleted_calls):
+                        await conn.execute(sql, params)
+                deleted += len(step.deleted_events)
+                if step.done:
+                    return deleted
+                cursor = step.cursor
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", [_LOCK])
+
+
+_LOCK = 0x746C_6175_6469_74  # "tlaudit": one pruner at a time per database

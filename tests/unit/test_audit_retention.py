@@ -1,0 +1,94 @@
+"""The audit trail's retention (``projections.audit_retention``) on the embedded read model:
+past the cutoff an expired key's finished call loses its row and events; an open (PENDING,
+UNKNOWN) call and a live key keep their whole record; nothing newer than the cutoff goes; an
+expired key whose record went runs as a new call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from projections.audit_retention import prune_sqlite
+from toolledger import Ledger, Registry, TrustedContext
+
+ALICE = TrustedContext("acme", "alice")
+
+
+class Note(BaseModel):
+    text: str
+
+
+def _registry(effects: list[str]) -> Registry:
+    registry = Registry(default_key_retention=timedelta(seconds=1))
+
+    @registry.mutation()
+    async def write_note(args: Note) -> Note:
+        """Write a note. Use when: something must be kept."""
+        effects.append(args.text)
+        return args
+
+    return registry
+
+
+async def _expired(path: Path, call_ids: set[str]) -> None:
+    """Wait until the keys of ``call_ids`` have expired (their rows say so)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            rows = conn.execute("SELECT call_id FROM tool_calls WHERE expired_at IS NOT NULL")
+            if call_ids <= {r[0] for r in rows}:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the keys did not expire")
+
+
+def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+    rows = conn.execute("SELECT call_id, count(*) FROM tool_call_events GROUP BY call_id")
+    return dict(rows.fetchall())
+
+
+async def test_past_the_cutoff_finished_records_go_open_ones_stay(tmp_path: Path) -> None:
+    effects: list[str] = []
+    path = tmp_path / "ledger.db"
+    fast = {"sweep_interval_s": 0.05}
+    async with Ledger.embedded(path, _registry(effects), context=ALICE, **fast) as ledger:
+        done = [await ledger.call("write_note", {"text": f"n{i}"}, idempotency_key=f"k{i}")
+                for i in range(3)]  # fmt: skip
+        live = await ledger.call("write_note", {"text": "live"}, idempotency_key="k-live")
+        assert all(r.ok for r in [*done, live])
+        await _expired(path, {r.call_id for r in done})
+    conn = sqlite3.connect(path)
+    try:
+        open_id = done[0].call_id
+        conn.execute("UPDATE tool_calls SET status = 'UNKNOWN' WHERE call_id = ?", (open_id,))
+        conn.commit()
+        before = _counts(conn)
+        assert set(before) >= {r.call_id for r in done}
+        conn.execute("UPDATE tool_calls SET expired_at = NULL WHERE call_id = ?", (live.call_id,))
+        conn.commit()  # a key still alive, however old its record (when the sweep was late)
+
+        # nothing is older than a cutoff in the past
+        assert prune_sqlite(conn, datetime.now(UTC) - timedelta(hours=1)) == 0
+        assert _counts(conn) == before
+
+        deleted = prune_sqlite(conn, datetime.now(UTC) + timedelta(seconds=1), limit=2)
+        kept = {open_id, live.call_id}  # the UNKNOWN call and the live key keep it all
+        assert deleted == sum(n for c, n in before.items() if c not in kept)
+        assert _counts(conn) == {c: before[c] for c in kept}
+        rows = {r[0] for r in conn.execute("SELECT call_id FROM tool_calls")}
+        assert rows == kept
+        assert prune_sqlite(conn, datetime.now(UTC) + timedelta(seconds=1)) == 0  # idempotent
+    finally:
+        conn.close()
+
+    # an expired key whose record went: a new call with it executes as a new call
+    async with Ledger.embedded(path, _registry(effects), context=ALICE) as ledger:
+        again = await ledger.call("write_note", {"text": "n1"}, idempotency_key="k1")
+        assert again.ok and not again.replayed
+    assert effects == ["n0", "n1", "n2", "live", "n1"]
