@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
+from producers.approvals import Decision, PendingApproval, deny_reason
 from producers.client import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
@@ -203,6 +204,33 @@ class HttpLedgerClient:
             if not cursor:
                 return tools
             params = {"cursor": str(cursor)}
+
+    async def approve(
+        self, request: PendingApproval, context: TrustedContext | None = None
+    ) -> Decision:
+        """Grant ``request`` as this client's token (``POST
+        /v1/approval-requests/{id}/approve``): the same call then goes ahead without a token.
+        The server decides who may (``context`` is not used: the token says who decides)."""
+        return await self._decide(request, "approve", None)
+
+    async def deny(
+        self, request: PendingApproval, context: TrustedContext | None = None, reason: str = ""
+    ) -> Decision:
+        """Deny ``request`` with ``reason`` as this client's token (``POST
+        /v1/approval-requests/{id}/deny``): the same call then answers ``APPROVAL_INVALID``."""
+        return await self._decide(request, "deny", {"reason": deny_reason(reason)})
+
+    async def _decide(
+        self, request: PendingApproval, verb: str, body: Mapping[str, str] | None
+    ) -> Decision:
+        path = f"/v1/approval-requests/{quote(request.id, safe='')}/{verb}"
+        response = await self._send("POST", path, json=body)
+        if response.status_code in (200, 202):
+            return Decision(request.id, confirmed=response.status_code == 200)
+        data = _json(response)
+        if isinstance(data.get("code"), str):
+            return Decision(request.id, _problem_result(response.status_code, data, "").error)
+        raise TransportError(f"{response.url} answered {response.status_code} with no decision")
 
     async def get_call(self, call_id: str) -> dict[str, Any] | None:
         """The Call resource (``GET /v1/calls/{id}``), or None if this tenant has no such call."""

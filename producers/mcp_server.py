@@ -56,15 +56,31 @@ call waits for the first execution's outcome for at most the server's wait (``--
 and only then answers that it is in progress.
 
 Approvals: a call of a tool that needs a human's approval, made without a valid token, is
-answered ``APPROVAL_REQUIRED`` (nothing runs, the key is not consumed). Its ``isError``
-result carries, next to the error, an ``approval_request`` shaped like the HTTP API's
-(``id``, ``tool``, ``arguments`` with sensitive fields redacted, ``args_digest``,
-``impact`` {summary, target, scope, cost, irreversible}, ``status`` ``pending``,
-``expires_at``). An operator approves it over HTTP (``POST
-/v1/approval-requests/{id}/approve``) and hands the ``approval_token`` back; the same call
-(same key, same arguments) plus ``approval_token`` then runs once. ``APPROVAL_INVALID`` (a
-token for another call, expired, used, or a denied request) and ``TOOL_DISABLED`` are
-ordinary error results.
+answered ``APPROVAL_REQUIRED`` (nothing runs, the key is not consumed).
+
+* A request the *user* decides (``approver_kind`` ``user``), on a client that declared the
+  ``elicitation`` capability (form mode): the server asks the client's human with
+  ``elicitation/create`` -- the exact action (tool, impact, target, cost, whether it is
+  irreversible, the arguments as the caller sent them) and a form with a boolean
+  ``confirm`` and an optional ``reason``. Accepted with ``confirm`` true: the request is
+  granted as the session's principal and the same call (same key) is made again, and its
+  outcome is the result; declined, cancelled or ``confirm`` false: the request is denied
+  (with the reason) and the result is the ledger's refusal (``APPROVAL_INVALID``). On the
+  2026-07-28 protocol the question rides an ``InputRequiredResult`` (key
+  :data:`ELICITATION_KEY`, ``requestState`` the request id) and the client's retry of the
+  ``tools/call`` brings the answer; on earlier ones it is a request to the client in the
+  middle of the call.
+* Otherwise (an operator's four-eyes request, or a client without elicitation) the
+  ``isError`` result carries, next to the error, an ``approval_request`` shaped like the
+  HTTP API's (``id``, ``tool``, ``arguments`` with sensitive fields redacted,
+  ``args_digest``, ``impact`` {summary, target, scope, cost, irreversible}, ``status``
+  ``pending``, ``expires_at``). Whoever may decide it approves it over HTTP (``POST
+  /v1/approval-requests/{id}/approve``); the same call (same key, same arguments) then runs
+  once, without a token (the grant is kept with the key; the approver's ``approval_token``
+  works too).
+
+``APPROVAL_INVALID`` (a token for another call, expired, used, or a denied request) and
+``TOOL_DISABLED`` are ordinary error results.
 
 Errors, per the MCP specification ("Tools" > "Error handling"):
 
@@ -117,6 +133,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
@@ -131,6 +148,15 @@ from producers.adapters import (
     description,
     index_tools,
     refusal,
+)
+from producers.approvals import (
+    Approvals,
+    Approve,
+    Deny,
+    LedgerApprovals,
+    PendingApproval,
+    decide,
+    pending_approval,
 )
 from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
@@ -150,6 +176,8 @@ RUN_ID_META = "toolledger.dev/run_id"
 STEP_ID_META = "toolledger.dev/step_id"
 APPROVAL_META = "toolledger.dev/approval_token"
 DEFAULT_PATH = "/mcp"
+# the InputRequiredResult entry that asks the user to confirm a call (2026-07-28 protocol)
+ELICITATION_KEY = "toolledger.dev/confirm"
 
 # SEP-3182 ("Request Idempotency"): the capability, under ``capabilities.tools``, and the
 # ``error.data`` types of a duplicate still running and of a key used with other arguments
@@ -183,8 +211,8 @@ _INSTRUCTIONS = (
     'results with isError and a JSON body {"ok": false, "error": {"code", "message", '
     '"retryable", "suggested_action"}}: follow suggested_action. Some tools need a human\'s '
     "approval: their first call answers APPROVAL_REQUIRED with an approval_request and runs "
-    "nothing; once a human has approved it, repeat the same call (same key, same arguments) "
-    "with approval_token."
+    "nothing (a client that supports elicitation may be asked to confirm it at once); once a "
+    "human has approved it, repeat the same call (same key, same arguments): no token needed."
 )
 
 
@@ -467,12 +495,19 @@ def _meta_string(meta: Mapping[str, Any] | None, key: str, limit: int) -> str | 
     return None
 
 
-def _approval_action(event: ApprovalRequested) -> str:
+_DECIDERS = {
+    "user": "the user this session acts for (or an operator of the tenant)",
+    "operator": "an operator of the tenant other than this session's principal (four eyes)",
+}
+
+
+def _approval_action(request: Mapping[str, Any]) -> str:
+    decider = _DECIDERS.get(str(request.get("approver_kind")), _DECIDERS["operator"])
     return (
-        f"Nothing ran. Show approval request {event.approval_id} to a human operator; this "
-        "session cannot approve it. Once approved, call the tool again with the same "
-        "idempotency_key and arguments plus approval_token set to the token the operator "
-        "gives you. Do not use a new key."
+        f"Nothing ran. Approval request {request['id']} waits for {decider}. Once it is "
+        "approved, call the tool again with the same idempotency_key and arguments: it runs "
+        "once, no approval_token needed (an approval_token the approver gives you works "
+        "too). Do not use a new key."
     )
 
 
@@ -486,8 +521,9 @@ def result_body(result: CallResult) -> dict[str, Any]:
         and result.error.code == ErrorCode.APPROVAL_REQUIRED
         and isinstance(event, ApprovalRequested)
     ):
-        body["error"]["suggested_action"] = _approval_action(event)
-        body["approval_request"] = approval_request_json(event)
+        request = approval_request_json(event)
+        body["error"]["suggested_action"] = _approval_action(request)
+        body["approval_request"] = request
     return body
 
 
@@ -564,6 +600,62 @@ async def advertise_idempotency(
     return {**result, "capabilities": {**capabilities, "tools": tools}}
 
 
+_CONFIRM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "confirm": {
+            "type": "boolean",
+            "title": "Run this action",
+            "description": "true: run it, once; false: refuse it.",
+        },
+        "reason": {
+            "type": "string",
+            "title": "Reason",
+            "description": "If you refuse: why (the agent reads it).",
+            "maxLength": 1000,
+        },
+    },
+    "required": ["confirm"],
+}
+
+
+def elicits_form(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether the client declared form elicitation (a bare ``elicitation: {}`` counts)."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def confirmation_message(
+    request: PendingApproval, principal: str, arguments: Mapping[str, Any]
+) -> str:
+    """What the user is asked: the exact action, as the caller sent it."""
+    impact = request.impact
+    lines = [f"Your agent ({principal}) asks to run {request.tool}."]
+    for label, name in (("What", "summary"), ("Target", "target"), ("Scope", "scope")):
+        if impact.get(name):
+            lines.append(f"{label}: {impact[name]}")
+    lines.append(f"Cost: {impact.get('cost') or 'none stated'}")
+    lines.append(f"Irreversible: {'yes' if impact.get('irreversible') else 'no'}")
+    lines.append("Arguments: " + json.dumps(arguments, ensure_ascii=False, sort_keys=True))
+    lines.append(
+        f"Approval request {request.id}, open until {request.request.get('expires_at')}. "
+        "Confirm to run it once; refuse it otherwise."
+    )
+    return "\n".join(lines)
+
+
+def _confirmation(answer: types.ElicitResult) -> Approve | Deny:
+    content = answer.content or {}
+    if answer.action == "accept" and content.get("confirm") is True:
+        return Approve()
+    reason = content.get("reason")
+    if isinstance(reason, str) and reason.strip():
+        return Deny(f"The user refused: {reason}")
+    what = {"decline": "declined", "cancel": "cancelled"}.get(answer.action, "refused")
+    return Deny(f"The user {what} the confirmation in the MCP client.")
+
+
 # the front door's refusals before anything is appended (rate limit, kill switch, run budget)
 Admission = Callable[[TrustedContext, str, str | None, str | None], Awaitable[ErrorInfo | None]]
 # for a keyed call (context, tool, the tool's arguments): the probe that tells the ledger
@@ -579,7 +671,8 @@ class LedgerMcpServer:
     request (:meth:`http_app`). ``queued`` (the wiring gives one that reads the ledger's
     projection) lets a duplicate queued behind a running call with the same key and
     arguments be answered "in progress" once ``wait_s`` has run out, instead of waiting on
-    for the running call's outcome.
+    for the running call's outcome. ``approvals`` decides what the session's user confirms
+    by elicitation (default: in-process, through ``client``).
     """
 
     def __init__(
@@ -591,6 +684,7 @@ class LedgerMcpServer:
         wait_s: float | None = None,
         admit: Admission | None = None,
         queued: QueuedFor | None = None,
+        approvals: Approvals | None = None,
         name: str = "toolledger",
         version: str = "0.1.0",
     ) -> None:
@@ -600,6 +694,7 @@ class LedgerMcpServer:
         self.wait_s = wait_s
         self.admit = admit
         self.queued = queued
+        self.approvals = approvals or LedgerApprovals(client)
         self.listing = [mcp_tool(spec) for spec in self.tools.values()]
         self._schemas = {tool.name: tool.input_schema for tool in self.listing}
         self.server: Server[Any] = Server(
@@ -619,15 +714,15 @@ class LedgerMcpServer:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         spec = self.tools.get(params.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        arguments = dict(params.arguments or {})
+        sent = dict(params.arguments or {})
         # the SDK's params model drops fields it does not know: read the wire params
         params_key = request_idempotency_key(ctx.params)
         if params_key is not None and spec.keyed:
-            argument_key = arguments.get(KEY_ARGUMENT)
+            argument_key = sent.get(KEY_ARGUMENT)
             if argument_key is not None and argument_key != params_key:
                 raise MCPError(
                     types.INVALID_PARAMS,
@@ -640,23 +735,74 @@ class LedgerMcpServer:
                 refusal(ErrorCode.UNAUTHENTICATED, "This session is not authenticated.")
             )
         meta: Mapping[str, Any] | None = params.meta
-        try:
-            result = await self.call(
-                spec,
-                arguments,
-                context,
-                run_id=_meta_string(meta, RUN_ID_META, 255),
-                step_id=_meta_string(meta, STEP_ID_META, 255),
-                approval_token=_meta_string(meta, APPROVAL_META, 4096),
-                idempotency_key=params_key if spec.keyed else None,
+
+        async def attempt() -> CallResult:
+            try:
+                return await self.call(
+                    spec,
+                    dict(sent),
+                    context,
+                    run_id=_meta_string(meta, RUN_ID_META, 255),
+                    step_id=_meta_string(meta, STEP_ID_META, 255),
+                    approval_token=_meta_string(meta, APPROVAL_META, 4096),
+                    idempotency_key=params_key if spec.keyed else None,
+                )
+            except Exception:
+                # never a stack trace or a driver message to the caller; the same key is safe
+                log.exception("mcp call failed", extra={"tool": spec.name})
+                return refusal(ErrorCode.INTERNAL, "The ledger could not answer this call.")
+
+        result = await attempt()
+        request = pending_approval(result)
+        if request is not None and request.approver_kind == "user" and elicits_form(ctx):
+            shown = {k: v for k, v in sent.items() if k not in RESERVED_ARGUMENTS}
+            answer = await self._ask(
+                ctx, params, request, confirmation_message(request, context.principal, shown)
             )
-        except Exception:
-            # never a stack trace or a driver message to the caller; the same key is safe
-            log.exception("mcp call failed", extra={"tool": spec.name})
-            result = refusal(ErrorCode.INTERNAL, "The ledger could not answer this call.")
+            if isinstance(answer, types.InputRequiredResult):
+                return answer
+            if answer is not None:
+                decided = await decide(self.approvals, request, context, _confirmation(answer))
+                result = (
+                    await attempt()
+                    if decided.error is None
+                    else CallResult(status=None, error=decided.error)
+                )
         if params_key is not None and spec.keyed:
             raise_idempotency_error(result, params_key)
         return _tool_result(result)
+
+    async def _ask(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        request: PendingApproval,
+        message: str,
+    ) -> types.ElicitResult | types.InputRequiredResult | None:
+        """The user's answer to ``message`` about ``request``: on the 2026-07-28 protocol
+        from the client's retry of this ``tools/call`` (the question rides an
+        ``InputRequiredResult`` until then), on earlier ones from an ``elicitation/create``
+        request now. None if the client could not be asked (the result then carries the
+        request)."""
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            answer = (params.input_responses or {}).get(ELICITATION_KEY)
+            if isinstance(answer, types.ElicitResult) and params.request_state == request.id:
+                return answer
+            question = types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message=message, requested_schema=copy.deepcopy(_CONFIRM_SCHEMA)
+                )
+            )
+            return types.InputRequiredResult(
+                input_requests={ELICITATION_KEY: question}, request_state=request.id
+            )
+        try:
+            return await ctx.session.elicit_form(
+                message, copy.deepcopy(_CONFIRM_SCHEMA), related_request_id=ctx.request_id
+            )
+        except Exception:  # no back-channel, a client error, an invalid answer
+            log.warning("the MCP client could not be asked to confirm", exc_info=True)
+            return None
 
     async def call(
         self,

@@ -29,16 +29,20 @@ fits), never by the registry: producers do not import processors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from producers.approvals import PendingApproval
 from producers.client import CallResult
 from schemas.errors import ErrorCode, ErrorInfo
 
 __all__ = [
     "ToolSpec",
+    "approval_rule",
     "arguments_schema",
+    "awaiting_approval",
     "description",
     "index_tools",
     "refusal",
@@ -95,6 +99,30 @@ def runtime_keyed_description(spec: ToolSpec) -> str:
             "the stored outcome and does not run again."
         )
     return text
+
+
+def approval_rule(spec: ToolSpec) -> str:
+    """Who must approve the tool's calls, from the manifest: "none", "user", "operator" or
+    "by arguments" (the ledger decides per call)."""
+    rule = spec.manifest.get("approval")
+    return rule if spec.keyed and isinstance(rule, str) and rule else "none"
+
+
+_DECIDERS = {"user": "the user", "operator": "an operator (four eyes)"}
+
+
+def awaiting_approval(result: CallResult, request: PendingApproval) -> CallResult:
+    """``result`` (an ``APPROVAL_REQUIRED`` answer) as a model driven by a runtime reads it:
+    the runtime, not the model, brings the human's decision back and runs the step."""
+    assert result.error is not None
+    action = (
+        f"Nothing ran. The runtime asks {_DECIDERS[request.approver_kind]} to approve "
+        f"approval request {request.id}; once approved, it runs this exact call once, without "
+        "another call from you. Do not call the tool again with other arguments to get "
+        "around the approval: tell the user what is waiting for a decision."
+    )
+    error = result.error.model_copy(update={"suggested_action": action})
+    return dataclasses.replace(result, error=error)
 
 
 def refusal(code: ErrorCode, message: str) -> CallResult:

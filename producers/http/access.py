@@ -13,6 +13,8 @@ from fastapi import Depends, Request
 from fastapi.openapi.models import HTTPBearer
 from fastapi.security.base import SecurityBase
 
+from producers.approval_rules import GLOBAL_OPERATOR as GLOBAL_OPERATOR
+from producers.approval_rules import OPERATOR as OPERATOR
 from producers.client import TrustedContext
 from producers.http.auth import AuthFailure
 from producers.http.door import Door, FrontDoor, door_of
@@ -21,8 +23,6 @@ from schemas.errors import ErrorCode
 
 log = logging.getLogger("toolledger.http")
 
-OPERATOR = "operator"
-GLOBAL_OPERATOR = "operator:global"
 SCHEME = "bearerAuth"  # the security scheme's name in the OpenAPI document
 
 

@@ -1,18 +1,6 @@
-"""Deciding an approval request: who may, and the decision sent to the ledger. One module for
-every front end that decides (the HTTP routes, the operator console), so the rules are
-written once.
-
-Who decides is the request's ``approver_kind`` (the tool's rule chose it from the arguments):
-
-- ``operator``: four eyes. An operator of the tenant (scope ``operator``, or
-  ``operator:global``) approves, and never the principal who made the call.
-- ``user``: the principal the call runs for confirms their own agent's action; the tenant's
-  operators may approve too (the user is not always there).
-
-Whoever may approve a request may deny it, and so may every operator of the tenant (the
-requester of a four-eyes request too, if it is an operator). Everyone else of the tenant gets
-403; another tenant's request is not found (404, by the lookup before this).
-"""
+"""Deciding an approval request from the HTTP front ends (the routes and the operator
+console): the decision sent to the ledger, and who may see the exact action. Who may decide is
+``producers.approval_rules`` (shared with the adapters and the MCP server)."""
 
 from __future__ import annotations
 
@@ -22,14 +10,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from producers import governance
+from producers.approval_rules import approve_refusal, deny_refusal, is_operator, is_requester
 from producers.client import TrustedContext
-from producers.http.access import GLOBAL_OPERATOR, OPERATOR
 from producers.http.door import FrontDoor
 from producers.http.errors import ProblemError
 from producers.http.governance import command
 from producers.http.problems import problem
 from schemas.calls import ApprovalView
-from schemas.errors import ErrorCode, ErrorInfo
+from schemas.errors import ErrorInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,59 +30,15 @@ class Decided:
     expires_at: datetime | None = None  # approve: when the grant (and the token) expires
 
 
-def is_operator(context: TrustedContext) -> bool:
-    return OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes
-
-
-def is_requester(context: TrustedContext, view: ApprovalView) -> bool:
-    return (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal)
-
-
 def may_see_action(context: TrustedContext, view: ApprovalView) -> bool:
     """Whether ``context`` may see the request's exact action (its raw arguments): those who
     may decide it or, for a four-eyes request, the principal who made the call."""
     return is_operator(context) or is_requester(context, view)
 
 
-def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
-    """Why ``context`` may not approve ``view``; None: it may."""
-    if view.approver_kind == "user":
-        if is_requester(context, view) or is_operator(context):
-            return None
-        return ErrorInfo.of(
-            ErrorCode.FORBIDDEN,
-            f"This request is for {view.requested_by!r} to confirm: another user cannot decide it.",
-            suggested_action="Ask the user the call runs for, or an operator of this tenant.",
-        )
-    if not is_operator(context):
-        return ErrorInfo.of(
-            ErrorCode.FORBIDDEN,
-            "An operator approves this request (the tool needs four eyes), and this token has "
-            "no 'operator' scope.",
-            suggested_action="Ask an operator of this tenant to approve it.",
-        )
-    if is_requester(context, view):
-        return ErrorInfo.of(
-            ErrorCode.FORBIDDEN,
-            f"Four eyes: {context.principal!r} asked for this call, so another operator "
-            "must approve it.",
-            suggested_action="Ask another operator of this tenant to approve the request "
-            "(a token with the 'operator' scope and another principal).",
-        )
-    return None
-
-
 def may_decide(context: TrustedContext, view: ApprovalView) -> bool:
     """Whether ``context`` may decide ``view`` at all (deny it, at least)."""
     return deny_refusal(context, view) is None
-
-
-def deny_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
-    """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, and the
-    tenant's operators)."""
-    if is_operator(context):
-        return None
-    return approve_refusal(context, view)
 
 
 async def exact_arguments(door: FrontDoor, view: ApprovalView) -> Any | None:

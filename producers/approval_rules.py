@@ -1,0 +1,69 @@
+"""Who may decide an approval request: pure rules over the decider's trusted context and the
+request as the ledger recorded it. Every front end that decides (the HTTP routes, the
+operator console, the agent adapters, the MCP server's elicitation) asks these, so the rules
+are written once.
+
+Who decides is the request's ``approver_kind`` (the tool's rule chose it from the arguments):
+
+- ``operator``: four eyes. An operator of the tenant (scope ``operator``, or
+  ``operator:global``) approves, and never the principal who made the call.
+- ``user``: the principal the call runs for confirms their own agent's action; the tenant's
+  operators may approve too (the user is not always there).
+
+Whoever may approve a request may deny it, and so may every operator of the tenant (the
+requester of a four-eyes request too, if it is an operator). The tenant is the caller's to
+check: a request of another tenant is not found before these rules are asked.
+"""
+
+from __future__ import annotations
+
+from producers.client import TrustedContext
+from schemas.calls import ApprovalView
+from schemas.errors import ErrorCode, ErrorInfo
+
+OPERATOR = "operator"
+GLOBAL_OPERATOR = "operator:global"
+
+
+def is_operator(context: TrustedContext) -> bool:
+    return OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes
+
+
+def is_requester(context: TrustedContext, view: ApprovalView) -> bool:
+    return (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal)
+
+
+def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
+    """Why ``context`` may not approve ``view``; None: it may."""
+    if view.approver_kind == "user":
+        if is_requester(context, view) or is_operator(context):
+            return None
+        return ErrorInfo.of(
+            ErrorCode.FORBIDDEN,
+            f"This request is for {view.requested_by!r} to confirm: another user cannot decide it.",
+            suggested_action="Ask the user the call runs for, or an operator of this tenant.",
+        )
+    if not is_operator(context):
+        return ErrorInfo.of(
+            ErrorCode.FORBIDDEN,
+            "An operator approves this request (the tool needs four eyes), and this token has "
+            "no 'operator' scope.",
+            suggested_action="Ask an operator of this tenant to approve it.",
+        )
+    if is_requester(context, view):
+        return ErrorInfo.of(
+            ErrorCode.FORBIDDEN,
+            f"Four eyes: {context.principal!r} asked for this call, so another operator "
+            "must approve it.",
+            suggested_action="Ask another operator of this tenant to approve the request "
+            "(a token with the 'operator' scope and another principal).",
+        )
+    return None
+
+
+def deny_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
+    """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, and the
+    tenant's operators)."""
+    if is_operator(context):
+        return None
+    return approve_refusal(context, view)
