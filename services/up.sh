@@ -9,6 +9,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 T0=$SECONDS
+bash "$HERE/chromium/install.sh" || echo "[up] Chromium is not installed: tests/browser will fail" >&2
 if ! bash "$HERE/kafka/start.sh" "$@"; then
   echo "[up] Kafka failed to start; stopping what was started" >&2
   bash "$HERE/kafka/stop.sh" || true

@@ -34,7 +34,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 OWN_PACKAGES = {"schemas", "producers", "processors", "projections", "toolledger", "tests"}
 # the top-level packages of the optional dependencies
 OPTIONAL_MODULES = {"aiokafka", "psycopg", "psycopg_pool", "mcp", "faust", "agents", "anthropic"}
-OPTIONAL_MODULES |= {"uvloop", "httptools"}
+OPTIONAL_MODULES |= {"uvloop"}
 BLOCKED_ENV = "TOOLLEDGER_TEST_BLOCKED"
 
 # Runs first in each subprocess: the packages named in $TOOLLEDGER_TEST_BLOCKED cannot be
@@ -67,7 +67,7 @@ OPTIONAL = {
     "openai": {"openai-agents"},
     "anthropic": {"anthropic"},
     "faust": {"faust-streaming"},
-    "speed": {"uvloop", "httptools"},
+    "speed": {"uvloop"},
 }
 
 

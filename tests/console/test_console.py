@@ -1,0 +1,215 @@
+"""The console over real HTTP, on every backend: sessions and their cookie, CSRF and origin
+checks, scopes and tenants, the API's decision rules (403, 404, 409), and inert arguments."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from tests.console.support import IDLE_S, console, csrf_of, own_origin, sign_in
+from tests.http.servers import ACME, CAROL, GLOBEX, OPERATOR, SELF_OP, Server, Token
+
+CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
+
+
+def _key() -> str:
+    return f"console-{uuid.uuid4().hex[:12]}"
+
+
+def _call(
+    server: Server, tool: str, arguments: dict[str, Any], key: str, token: Token = ACME
+) -> httpx.Response:
+    return httpx.post(
+        f"{server.base_url}/v1/tools/{tool}/calls",
+        json={"arguments": arguments},
+        headers={**token.headers, "Idempotency-Key": key},
+        timeout=60,
+    )
+
+
+def _asked(server: Server, tool: str, arguments: dict[str, Any], token: Token = ACME) -> str:
+    answer = _call(server, tool, arguments, _key(), token)
+    assert answer.status_code == 428, answer.text
+    approval_id: str = answer.json()["approval_request"]["id"]
+    return approval_id
+
+
+def _post(client: httpx.Client, server: Server, path: str, **form: str) -> httpx.Response:
+    return client.post(path, data=form, headers=own_origin(server))
+
+
+def test_sign_in_sets_a_strict_http_only_cookie_and_never_shows_the_token(server: Server) -> None:
+    with console(server) as client:
+        page = client.get("/console/sign-in")
+        assert page.status_code == 200 and 'type="password"' in page.text
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        wrong = _post(client, server, "/console/sign-in", token="not-a-token-at-all")
+        assert wrong.status_code == 401 and "not known" in wrong.text
+        signed = _post(client, server, "/console/sign-in", token=ACME.token, next="/console/calls")
+        assert signed.status_code == 303 and signed.headers["location"] == "/console/calls"
+        cookie = signed.headers["set-cookie"].lower()
+        for flag in ("httponly", "samesite=strict", "path=/console"):
+            assert flag in cookie, cookie
+        assert "secure" not in cookie  # plain http here; https adds it
+        home = client.get("/console/calls")
+        assert home.status_code == 200 and "alice" in home.text
+        assert ACME.token not in home.text and ACME.token not in signed.headers["set-cookie"]
+        # an open redirect is not followed: next must be a console page
+        away = _post(client, server, "/console/sign-in", token=ACME.token, next="//evil.example/")
+        assert away.headers["location"] == "/console"
+    assert ACME.token not in server.logs()
+
+
+def test_pages_need_a_session_and_sign_out_ends_it(server: Server) -> None:
+    with console(server) as client:
+        anonymous = client.get("/console/approvals")
+        assert anonymous.status_code == 303
+        assert anonymous.headers["location"].startswith("/console/sign-in?next=%2Fconsole")
+        csrf = sign_in(client, OPERATOR)
+        assert client.get("/console/approvals").status_code == 200
+        assert _post(client, server, "/console/sign-out", csrf=csrf).status_code == 303
+        assert client.get("/console/approvals").status_code == 303
+
+
+def test_forms_without_the_csrf_token_or_from_another_origin_are_refused(server: Server) -> None:
+    with console(server) as client:
+        csrf = sign_in(client, OPERATOR)
+        switch = {"tool": "close_ticket", "enabled": "false", "scope": "tenant", "reason": "x"}
+        missing = _post(client, server, "/console/switches", **switch)
+        assert missing.status_code == 403 and "CSRF" in missing.text
+        wrong = _post(client, server, "/console/switches", csrf=csrf[:-1] + "A", **switch)
+        assert wrong.status_code == 403
+        evil = {"Origin": "https://evil.example"}
+        cross = client.post("/console/switches", data={"csrf": csrf, **switch}, headers=evil)
+        assert cross.status_code == 403 and "not sent from this console" in cross.text
+        referer = {"Referer": "https://evil.example/page"}
+        by_referer = client.post(
+            "/console/switches", data={"csrf": csrf, **switch}, headers=referer
+        )
+        assert by_referer.status_code == 403
+        cross_sign_in = client.post("/console/sign-in", data={"token": ACME.token}, headers=evil)
+        assert cross_sign_in.status_code == 403
+    listed = httpx.get(f"{server.base_url}/console/switches", timeout=30)
+    assert listed.status_code == 303  # and nothing was switched off:
+    assert _call(server, "close_ticket", {"ticket_id": "T_1"}, _key()).status_code != 503
+
+
+def test_an_idle_session_is_asked_to_sign_in_again(short_server: Server) -> None:
+    with console(short_server) as client:
+        sign_in(client, ACME)
+        assert client.get("/console/calls").status_code == 200
+        time.sleep(IDLE_S + 0.5)
+        expired = client.get("/console/calls?key=abc")
+        assert expired.status_code == 303
+        location = expired.headers["location"]
+        assert location.startswith("/console/sign-in?") and "expired=1" in location
+        assert "next=%2Fconsole%2Fcalls%3Fkey%3Dabc" in location
+        assert "expired" in client.get(location).text
+
+
+def test_another_tenants_call_is_not_found(server: Server) -> None:
+    theirs = _call(server, "create_ticket", {"title": "globex"}, _key(), GLOBEX).json()
+    mine = _call(server, "create_ticket", {"title": "acme"}, _key()).json()
+    with console(server) as client:
+        sign_in(client, ACME)
+        assert client.get(f"/console/calls/{mine['call_id']}").status_code == 200
+        page = client.get(f"/console/calls/{theirs['call_id']}")
+        assert page.status_code == 404 and "No call with this id" in page.text
+        found = client.get("/console/calls", params={"call_id": theirs["call_id"]})
+        assert "No call matches" in found.text
+        by_key = client.get("/console/calls", params={"key": theirs["idempotency_key"]})
+        assert theirs["call_id"] not in by_key.text
+
+
+def test_html_in_arguments_is_inert_and_huge_values_are_cut(server: Server) -> None:
+    evil = "<script>alert('pwned')</script><img src=x onerror=alert(1)>"
+    body = "B" * 9_000
+    call = _call(server, "create_ticket", {"title": evil, "body": body}, _key()).json()
+    with console(server) as client:
+        sign_in(client, ACME)
+        page = client.get(f"/console/calls/{call['call_id']}").text
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in page
+    assert "<details" in page and "Show all of the" in page
+    assert body in page  # all of it, behind the <details>
+
+
+def test_decisions_follow_the_apis_rules(server: Server) -> None:
+    four_eyes = _asked(server, "charge_card", CHARGE, SELF_OP)
+    with console(server) as client:
+        csrf = sign_in(client, SELF_OP)  # an operator who asked for it: four eyes
+        page = client.get(f"/console/approvals/{four_eyes}")
+        assert "Four eyes" in page.text
+        refused = _post(client, server, f"/console/approvals/{four_eyes}/approve", csrf=csrf)
+        assert refused.status_code == 403 and "another operator" in refused.text
+    theirs = _asked(server, "charge_card", CHARGE, GLOBEX)
+    alices = _asked(server, "send_email", {"to": "a@b.co", "subject": "s", "body": "b"})
+    with console(server) as client:
+        csrf = sign_in(client, OPERATOR)
+        other_tenant = _post(client, server, f"/console/approvals/{theirs}/approve", csrf=csrf)
+        assert other_tenant.status_code == 404
+        assert client.get(f"/console/approvals/{theirs}").status_code == 404
+        first = _post(client, server, f"/console/approvals/{four_eyes}/approve", csrf=csrf)
+        assert first.status_code == 303
+        again = _post(client, server, f"/console/approvals/{four_eyes}/approve", csrf=csrf)
+        assert again.status_code == 409 and "cannot be decided again" in again.text
+        no_reason = _post(client, server, f"/console/approvals/{alices}/deny", csrf=csrf)
+        assert no_reason.status_code == 400
+    with console(server) as client:
+        csrf = sign_in(client, CAROL)  # another user of acme: not hers to decide
+        assert client.get("/console/approvals").status_code == 403  # the queue: operators
+        carol = _post(client, server, f"/console/approvals/{alices}/approve", csrf=csrf)
+        assert carol.status_code == 403 and "another user cannot decide" in carol.text
+        assert client.get("/console/switches").status_code == 403
+        assert client.get("/console/stats").status_code == 403
+    with console(server) as client:
+        csrf = sign_in(client, ACME)  # alice confirms her own agent's email (a user request)
+        assert "Approve this exact call" in client.get(f"/console/approvals/{alices}").text
+        denied = _post(
+            client, server, f"/console/approvals/{alices}/deny", csrf=csrf, reason="not today"
+        )
+        assert denied.status_code == 303
+        late = _post(client, server, f"/console/approvals/{alices}/approve", csrf=csrf)
+        assert late.status_code == 409
+
+
+def test_switches_need_a_reason_and_a_registered_tool(server: Server) -> None:
+    with console(server) as client:
+        csrf = sign_in(client, OPERATOR)
+        base = {"csrf": csrf, "enabled": "false", "scope": "tenant"}
+        no_tool = _post(client, server, "/console/switches", tool="nope", reason="r", **base)
+        assert no_tool.status_code == 404
+        no_reason = _post(client, server, "/console/switches", tool="list_tickets", **base)
+        assert no_reason.status_code == 400
+        everyone = {**base, "scope": "global"}
+        not_global = _post(
+            client, server, "/console/switches", tool="list_tickets", reason="r", **everyone
+        )
+        assert not_global.status_code == 403 and "operator:global" in not_global.text
+        page = client.get("/console/switches").text
+        assert csrf_of(page) == csrf and 'for="reason-tenant-1"' in page
+
+
+def test_docs_and_pages_load_nothing_from_another_host(server: Server) -> None:
+    with console(server) as client:
+        docs = client.get("/docs")
+        assert docs.status_code == 200
+        assert "/console/static/vendor/swagger-ui/swagger-ui-bundle.js" in docs.text
+        assert "cdn" not in docs.text.lower() and "https://" not in docs.text
+        assert client.get("/docs/oauth2-redirect").status_code == 200
+        for asset in (
+            "swagger-ui/swagger-ui-bundle.js",
+            "swagger-ui/swagger-ui.css",
+            "htmx/htmx.min.js",
+        ):
+            assert client.get(f"/console/static/vendor/{asset}").status_code == 200
+        sign_in(client, OPERATOR)
+        for path in ("/console/calls", "/console/approvals", "/console/switches", "/console/stats"):
+            page = client.get(path)
+            assert page.status_code == 200, path
+            assert "http://" not in page.text and "https://" not in page.text, path
+        openapi = client.get("/openapi.json").json()
+        assert not any(p.startswith(("/console", "/docs")) for p in openapi["paths"])
