@@ -102,6 +102,7 @@ from producers.http.headers import idempotency_key
 from schemas.codec import decode
 from schemas.events import ToolCallReplayed, ToolCallStarted, ToolCallSucceeded
 from schemas.keys import CallKey, InvalidIdempotencyKey
+from toolledger import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_ENV = "BENCH_HTTP_TOKEN"
@@ -870,10 +871,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                           "(embedded backend, synchronous=FULL, temp dir)",
                 "bare": "python -m uvicorn bench.http:bare_app --factory --no-access-log "
                         "--lifespan off",
-                "uvicorn_http": "httptools" if version("httptools") else "h11",
-                # toolledger serve awaits uvicorn's Server.serve() in its own asyncio.run():
-                # uvicorn's loop="auto" (uvloop when installed) applies to the bare app only
-                "event_loop": {"ledger": "asyncio",
+                # toolledger serve: its guarded h11 protocol (httptools answers bad headers
+                # itself), uvloop when installed; the bare app: uvicorn's defaults
+                "uvicorn_http": {"ledger": "h11",
+                                 "bare": "httptools" if version("httptools") else "h11"},
+                "event_loop": {"ledger": serving.event_loop(),
                                "bare": "uvloop" if version("uvloop") else "asyncio"},
             },
             "request_bytes": len(plan(1, "key")[0].body),

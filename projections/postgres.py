@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import logging
+import operator
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -433,10 +434,11 @@ class PostgresProjection:
                 copy.set_types(["integer", *_EVENT_TYPES])
                 for ord_, (event, pos) in enumerate(events):
                     row = event_row(event, pos)
-                    await copy.write_row((ord_, *(_text(row[c]) for c in EVENT_COLUMNS)))
+                    await copy.write_row(_copy_row(ord_, _EVENT_VALUES(row), row["payload_json"]))
             await cur.execute(_INSERT_EVENTS)
             inserted = {r[0] for r in await cur.fetchall()}
-        return [e for e, _ in events if e.event_id in inserted]
+        # as stored: an id with a NUL comes back with U+FFFD in its place
+        return [e for e, _ in events if _text(e.event_id) in inserted]
 
     async def _fold(
         self, conn: psycopg.AsyncConnection[Any], new_events: Sequence[Event]
@@ -456,7 +458,7 @@ class PostgresProjection:
             async with cur.copy(_COPY_CALLS) as copy:
                 copy.set_types(["integer", *_CALL_TYPES])
                 for ord_, row in enumerate(rows):
-                    await copy.write_row((ord_, *(_text(row[c]) for c in CALL_COLUMNS)))
+                    await copy.write_row(_copy_row(ord_, _CALL_VALUES(row), row["state_json"]))
             await cur.execute(_UPSERT_CALLS_FROM_STAGE)
 
     @staticmethod
@@ -584,6 +586,22 @@ class PostgresCalls(search.CallReads, governance.GovernanceReads):
                 await cur.execute(query.encode(), params)
                 results.append(await cur.fetchall())
             return results
+
+
+# a row's values in its COPY's column order, taken in one C call
+_EVENT_VALUES: Final = operator.itemgetter(*EVENT_COLUMNS)
+_CALL_VALUES: Final = operator.itemgetter(*CALL_COLUMNS)
+
+
+def _copy_row(ord_: int, values: tuple[Any, ...], json_text: str) -> tuple[Any, ...]:
+    """``(ord, *values)`` for a COPY, with :func:`_text` applied to every value if the row may
+    hold a NUL. ``json_text``: the row's JSON of its whole event (``payload_json``) or state
+    (``state_json``), which holds every text value of the row but the derived call id (hex)
+    and constants, and JSON escapes a NUL as ``\\u0000``: one substring test in C decides for
+    the whole row (a literal ``\\u0000`` in an argument only takes the slow path)."""
+    if "\\u0000" in json_text:
+        return (ord_, *(_text(v) for v in values))
+    return (ord_, *values)
 
 
 def _text(value: Any) -> Any:

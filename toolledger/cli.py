@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
+import socket
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -49,6 +52,11 @@ from toolledger.options import (
     ServeKafkaOption,
     ServePostgresOption,
 )
+
+if TYPE_CHECKING:
+    from processors.tools.registry import ToolRegistry
+    from toolledger.http_server import ConnectionLimits
+    from toolledger.serve import Security
 
 # Plain help (click's layout): it wraps every option name and help text to the terminal,
 # 80 columns included, where rich's tables cut long option names with an ellipsis.
@@ -427,6 +435,13 @@ def serve(
             "raw arguments: this is the retention of sensitive data (7d, 24h, or 'forever')."
         ),
     ] = "7d",
+    audit_retention: Annotated[
+        str,
+        typer.Option(
+            help="How long the audit trail keeps the record of a finished call whose key has "
+            "expired (30d, 720h, or 'forever'). Open calls and live keys keep theirs.",
+        ),
+    ] = "forever",
     mcp: Annotated[
         bool,
         typer.Option(
@@ -435,12 +450,20 @@ def serve(
             "on the same ledger, beside the HTTP API and its approval routes.",
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Front-door processes sharing the port (Kafka + PostgreSQL backend only: "
+            "its front doors are stateless; the embedded ledger is one process).",
+        ),
+    ] = 1,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.door_state import RunBudget
     from schemas.topics import Topics
-    from toolledger import serve as wiring
+    from toolledger import serving
     from toolledger.http_server import ConnectionLimits
 
     try:
@@ -450,6 +473,7 @@ def serve(
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)
         intents_ms = _retention_ms(intents_retention, allow_forever=True)
+        audit_ms = _retention_ms(audit_retention, allow_forever=True)
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -460,6 +484,17 @@ def serve(
         _require("kafka", "postgres", what="toolledger serve --kafka --postgres")
     if mcp:
         _require("mcp", what="toolledger serve --mcp")
+    if workers > 1 and kafka is None:
+        console.print(
+            "[red]--workers needs the Kafka + PostgreSQL backend (--kafka and --postgres): the "
+            "embedded ledger runs in one process, which holds the ledger file's lock[/]"
+        )
+        raise typer.Exit(2)
+    if workers > 1 and mcp:
+        console.print(
+            "[red]--mcp serves from one process (MCP sessions live in it): use --workers 1[/]"
+        )
+        raise typer.Exit(2)
 
     security = options.security(
         token_store,
@@ -474,33 +509,102 @@ def serve(
         approval_token_ttl=timedelta(seconds=approval_ttl_s),
         run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
     )
-    _tracing()
-
-    async def main() -> None:
-        door = wiring.open_door(
-            registry,
-            security,
-            data=data,
-            kafka=kafka,
-            postgres=postgres,
-            topics=Topics(prefix, partitions),
-            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-            create=new_ledger,
-            shutdown_timeout_s=shutdown_timeout_s,
-            cache_entries=cache_entries,
-            intents_retention=None if intents_ms < 0 else timedelta(milliseconds=intents_ms),
-        )
-        limits = ConnectionLimits(
+    spec = _DoorSpec(
+        tools=tools,
+        data=data,
+        key_retention=key_retention,
+        security=security,
+        door={
+            "data": data,
+            "kafka": kafka,
+            "postgres": postgres,
+            "topics": Topics(prefix, partitions),
+            "approval_request_ttl": timedelta(seconds=approval_request_ttl_s),
+            "create": new_ledger,
+            "shutdown_timeout_s": shutdown_timeout_s,
+            "cache_entries": cache_entries,
+            "intents_retention": None if intents_ms < 0 else timedelta(milliseconds=intents_ms),
+            "audit_retention": None if audit_ms < 0 else timedelta(milliseconds=audit_ms),
+        },
+        limits=ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s
+        ),
+        log_level=logging.getLevelName(logging.getLogger().level),
+    )
+    if workers > 1:
+        code = serving.supervise(
+            workers,
+            host,
+            port,
+            functools.partial(_serve_worker, spec),
+            stop_timeout_s=shutdown_timeout_s + 15.0,
         )
-        async with door as front:
-            await wiring.serve(front, host, port, limits, mcp_path="/mcp" if mcp else None)
-
+        raise typer.Exit(code)
+    _tracing()
     try:
-        asyncio.run(main())
+        serving.run(spec.serve(registry, host=host, port=port, mcp=mcp))
     except (ConfigError, LedgerFileError) as exc:  # JWKS, JWT settings, policy, ledger file
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
+
+
+@dataclass(frozen=True)
+class _DoorSpec:
+    """What a ``serve`` process needs to open its front door and serve, picklable: each
+    worker of ``serve --workers`` gets it and loads the tools again in its own process."""
+
+    tools: str
+    data: Path
+    key_retention: str
+    security: Security
+    door: dict[str, Any]  # open_door's keyword arguments
+    limits: ConnectionLimits
+    log_level: str
+
+    def registry(self) -> ToolRegistry:
+        registry = load_tools(self.tools, self.data / "helpdesk.db")
+        options.key_retention(registry, self.key_retention)
+        return registry
+
+    async def serve(
+        self,
+        registry: ToolRegistry,
+        *,
+        host: str = "",
+        port: int = 0,
+        mcp: bool = False,
+        sock: socket.socket | None = None,
+    ) -> None:
+        """On ``host:port`` (bound once the front door is open), or on the bound ``sock`` of
+        a worker."""
+        from producers.http.app import create_app
+        from toolledger import serve as wiring
+        from toolledger.serving import bind, serve_socket
+
+        async with wiring.open_door(registry, self.security, **self.door) as front:
+            if mcp:
+                await wiring.serve(front, host, port, self.limits, mcp_path="/mcp")
+                return
+            if sock is None:
+                try:
+                    sock = bind(host, port)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            with sock:
+                await serve_socket(create_app(front), sock, self.limits)
+
+
+def _serve_worker(spec: _DoorSpec, sock: socket.socket) -> None:
+    """A worker process of ``serve --workers``: one front door on the shared socket."""
+    from toolledger import serving
+
+    logs.configure(spec.log_level)
+    _tracing()
+    try:
+        serving.run(spec.serve(spec.registry(), sock=sock))
+    except (ConfigError, LedgerFileError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise SystemExit(2) from None
 
 
 @command()

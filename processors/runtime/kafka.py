@@ -81,44 +81,39 @@ class KafkaStore:
     async def commit(self, batch: CommitBatch) -> None:
         producer, topics, p = self._producer, self._topics, self._partition
         await producer.begin_transaction()
-        state_sends: list[asyncio.Future[Any]] = []
         pairs: list[tuple[str, bytes | None, StateMeta | None]] = []
         try:
+            # Records go in as whole batches, one per topic (more only past MAX_BATCH_BYTES):
+            # one future and one accumulator entry per batch, not per record. They are in
+            # the transaction all the same: the sender adds their partitions to it, and the
+            # commit below waits for every batch to be acknowledged.
+            outcomes = _Batches(producer, topics.outcomes, p)
             for event in batch.events:
-                await producer.send(
-                    topics.outcomes,
+                await outcomes.append(
+                    event.call_key.encode("utf-8"),
                     encode(event),
-                    key=event.call_key.encode("utf-8"),
-                    partition=p,
-                    headers=[
+                    [
                         (INTENT_ID_HEADER, event.intent_id.encode("utf-8")),
                         (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
                     ],
                 )
+            states = _Batches(producer, topics.state, p)
             for key, text in topic_pairs(batch):  # tombstones for expired keys: compaction
                 state = batch.states.get(key) if text is not None else None
                 meta = None if state is None else state_meta(state)
                 value = None if text is None else text.encode("utf-8")
                 pairs.append((key, value, meta))
-                state_sends.append(
-                    await producer.send(
-                        topics.state,
-                        value,
-                        key=key.encode("utf-8"),
-                        partition=p,
-                        headers=[] if meta is None else meta_headers(meta),
-                    )
+                await states.append(
+                    key.encode("utf-8"), value, [] if meta is None else meta_headers(meta)
                 )
+            letters = _Batches(producer, topics.dead_letters, p)
             for letter in batch.dead_letters:
                 reason = json.dumps(
                     {"partition": p, "offset": letter.offset, "reason": letter.reason}
                 ).encode("utf-8")
-                await producer.send(
-                    topics.dead_letters,
-                    letter.value,
-                    partition=p,
-                    headers=[(REASON_HEADER, reason)],
-                )
+                await letters.append(None, letter.value, [(REASON_HEADER, reason)])
+            for batches in (outcomes, states, letters):
+                await batches.flush()
             if batch.next_offset is not None and batch.next_offset != self._committed_offset:
                 await producer.send_offsets_to_transaction(
                     {TopicPartition(topics.intents, p): batch.next_offset}, topics.executor_group
@@ -130,10 +125,49 @@ class KafkaStore:
             raise
         if batch.next_offset is not None:
             self._committed_offset = batch.next_offset
-        # committed: every send was acknowledged, so their offsets are known
-        last = max((f.result().offset for f in state_sends), default=None)
+        # committed: every batch was acknowledged, so the offsets of the state records are known
+        last = states.last_offset()
         # the local store takes the same pairs, as a restore would read them
         self._local.apply(pairs, None if last is None else last + 1)
+
+
+# Upper bound of one record batch of a transaction (a single larger record still goes alone;
+# the broker's message.max.bytes, 1 MiB by default, bounds what it accepts).
+MAX_BATCH_BYTES = 512 * 1024
+
+
+class _Batches:
+    """The records of one commit to one topic partition, as few record batches as fit."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, partition: int) -> None:
+        self._producer, self._topic, self._partition = producer, topic, partition
+        self._open: Any = None  # the BatchBuilder being filled
+        self._sent: list[tuple[asyncio.Future[Any], int]] = []  # (its future, its records)
+
+    async def append(
+        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
+        if self._open is None:
+            self._open = self._producer.create_batch()
+        if self._open.append(timestamp=None, key=key, value=value, headers=headers) is None:
+            await self.flush()  # full: send it, start the next one with this record
+            self._open = self._producer.create_batch()
+            self._open.append(timestamp=None, key=key, value=value, headers=headers)
+
+    async def flush(self) -> None:
+        if self._open is None or self._open.record_count() == 0:
+            return
+        builder, self._open = self._open, None
+        count = builder.record_count()
+        future = await self._producer.send_batch(builder, self._topic, partition=self._partition)
+        self._sent.append((future, count))
+
+    def last_offset(self) -> int | None:
+        """The offset of the last record, once every batch was acknowledged."""
+        if not self._sent:
+            return None
+        future, count = self._sent[-1]
+        return int(future.result().offset) + count - 1
 
 
 async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> int:
@@ -379,6 +413,7 @@ class KafkaExecutor:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            max_batch_size=MAX_BATCH_BYTES,
             # the broker answers a produce racing AddPartitionsToTxn with a retriable error;
             # the default 100 ms backoff stalls the whole partition for that long
             retry_backoff_ms=10,

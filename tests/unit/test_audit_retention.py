@@ -92,3 +92,16 @@ async def test_past_the_cutoff_finished_records_go_open_ones_stay(tmp_path: Path
         again = await ledger.call("write_note", {"text": "n1"}, idempotency_key="k1")
         assert again.ok and not again.replayed
     assert effects == ["n0", "n1", "n2", "live", "n1"]
+
+
+def test_serve_refuses_an_audit_retention_that_is_not_a_duration(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tests.http.servers import write_tokens
+    from toolledger.cli import app
+
+    tokens = write_tokens(tmp_path / "tokens.json")
+    args = ["serve", "--data", str(tmp_path / "d"), "--tokens", str(tokens), "--create"]
+    answer = CliRunner().invoke(app, [*args, "--audit-retention", "soon"])
+    assert answer.exit_code == 2, answer.output
+    assert "not a duration" in answer.output

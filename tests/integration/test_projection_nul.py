@@ -1,0 +1,48 @@
+"""A NUL in an id (PostgreSQL text cannot hold one) is stored as U+FFFD in every text column
+of both tables, and the JSON columns keep it escaped: the projection never stops on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from projections.postgres import PostgresProjection
+from projections.rows import Position
+from tests.integration.test_postgres_projection import (  # noqa: F401 (fixtures dsn, projection)
+    CONSUMER,
+    TOPIC,
+    Call,
+    History,
+    dsn,
+    projection,
+)
+
+pytestmark = pytest.mark.services
+
+
+async def test_a_nul_in_ids_is_stored_as_a_replacement_character(
+    projection: PostgresProjection,  # noqa: F811 (the imported fixture)
+) -> None:
+    h = History()
+    call = Call.of("ten\x00ant", "send\x00mail", "key\x00one")
+    plain = Call.of("tenant", "send_mail", "key-two")
+    events = [
+        (h.started(call, "in\x00tent", 0, 1), Position(0, 0)),
+        (h.succeeded(call, "in\x00tent", 1, 1), Position(0, 1)),
+        (h.started(plain, "intent-2", 0, 1), Position(0, 2)),
+    ]
+    result = await projection.apply(events, CONSUMER, TOPIC)
+    assert result.new_events == 3 and result.calls_changed == 2
+    calls = {r["idempotency_key"]: r for r in await projection.call_rows()}
+    row = calls["key\ufffdone"]
+    assert (row["tenant_id"], row["tool_name"]) == ("ten\ufffdant", "send\ufffdmail")
+    assert row["last_intent_id"] == "in\ufffdtent" and row["status"] == "SUCCEEDED"
+    assert json.loads(row["state_json"])["context"]["tool"] == "send\x00mail"
+    assert calls["key-two"]["tool_name"] == "send_mail"
+    stored = {r["event_id"]: r for r in await projection.event_rows()}
+    assert set(stored) == {"in\ufffdtent/0", "in\ufffdtent/1", "intent-2/0"}
+    assert stored["in\ufffdtent/1"]["intent_id"] == "in\ufffdtent"
+    assert json.loads(stored["in\ufffdtent/1"]["payload_json"])["envelope"]["intent_id"] == (
+        "in\x00tent"
+    )
