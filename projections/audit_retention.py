@@ -3,8 +3,9 @@
 The audit trail is the read model's ``tool_call_events`` and ``tool_calls``. Past the
 retention, a finished call whose key has expired loses its record: its row and its events,
 once the row was last updated before the cutoff. A key still alive keeps its record (its
-replays are answered from the row), so a key kept forever keeps its audit trail forever. Events without a row (refusals, read-only calls, approvals of
-calls that never started) go once they are older than the cutoff. A PENDING or UNKNOWN call
+replays are answered from the row), so a key kept forever keeps its audit trail forever.
+Events without a row (refusals, read-only calls, approvals of calls that never started) go
+once they are older than the cutoff. A PENDING or UNKNOWN call
 keeps its whole record, however old: it is still to be resolved, and support staff need it.
 
 Each round walks the events in ``seq`` order from the start (the primary key: no index on
