@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
 import socket
@@ -183,9 +184,12 @@ def install_log_guards() -> None:
         logging.getLogger(name).addFilter(guard)
 
 
-async def serve_app(app: Any, host: str, port: int, limits: ConnectionLimits) -> None:
+async def serve_app(
+    app: Any, host: str, port: int, limits: ConnectionLimits, *, sock: socket.socket | None = None
+) -> None:
     """Serve ``app`` until SIGTERM/SIGINT; returns once in-flight requests are answered
-    (bounded by the shutdown timeout)."""
+    (bounded by the shutdown timeout). ``sock``: an already bound socket to serve on instead
+    of ``host:port`` (a worker of ``serve --workers``; the loop is the caller's then)."""
     cap = limits.connection_cap()
 
     class Protocol(_GuardedH11):
@@ -199,16 +203,15 @@ async def serve_app(app: Any, host: str, port: int, limits: ConnectionLimits) ->
         host=host,
         port=port,
         http=Protocol,
-        loop="asyncio",
+        loop="none" if sock is not None else "asyncio",
         log_config=None,
         access_log=False,
         lifespan="off",
         timeout_keep_alive=limits.keep_alive_s,
         timeout_graceful_shutdown=max(1, round(limits.shutdown_timeout_s)),
     )
-    server = _Server(config)
     log.info(
         "listening",
-        extra={"host": host, "port": port, "max_connections": cap},
+        extra={"host": host, "port": port, "pid": os.getpid(), "max_connections": cap},
     )
-    await server.serve()
+    await _Server(config).serve(sockets=[sock] if sock is not None else None)

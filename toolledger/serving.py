@@ -36,9 +36,7 @@ from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any
 
-import uvicorn
-
-from toolledger.http_server import ConnectionLimits, _GuardedH11, _Server, install_log_guards
+from toolledger.http_server import ConnectionLimits, serve_app
 
 log = logging.getLogger("toolledger.serve")
 
@@ -77,35 +75,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def serve_socket(app: Any, sock: socket.socket, limits: ConnectionLimits) -> None:
-    """Serve ``app`` on an already bound ``sock`` until SIGTERM/SIGINT, as
-    :func:`toolledger.http_server.serve_app` serves on a host and port (same protocol guards,
-    same graceful shutdown). Its parser is h11's: httptools' answers a header with a control
-    character with its own ``text/plain`` 400 before the app sees it (the API's contract is a
-    problem document), and measured no faster here (bench/http.py)."""
-    cap = limits.connection_cap()
-
-    class Protocol(_GuardedH11):
-        pass
-
-    Protocol.cap, Protocol.header_timeout_s = cap, limits.header_timeout_s
-    Protocol.body_timeout_s = limits.body_timeout_s
-    install_log_guards()
-    config = uvicorn.Config(
-        app,
-        http=Protocol,
-        loop="none",
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        timeout_keep_alive=limits.keep_alive_s,
-        timeout_graceful_shutdown=max(1, round(limits.shutdown_timeout_s)),
-    )
+    """Serve ``app`` on an already bound ``sock`` until SIGTERM/SIGINT, as ``serve`` does on a
+    host and port (same protocol guards, same graceful shutdown). The parser is h11's:
+    httptools' answers a header with a control character with its own ``text/plain`` 400
+    before the app sees it (the API's contract is a problem document), and measured no faster
+    here (bench/http.py)."""
     host, port = sock.getsockname()[:2]
-    log.info(
-        "listening",
-        extra={"host": host, "port": port, "pid": os.getpid(), "max_connections": cap},
-    )
-    await _Server(config).serve(sockets=[sock])
+    await serve_app(app, host, port, limits, sock=sock)
 
 
 def _worker_main(target: Callable[[socket.socket], None], sock: socket.socket, parent: int) -> None:
