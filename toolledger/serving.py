@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib.util
 import logging
 import multiprocessing
 import os
@@ -45,7 +44,11 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def event_loop() -> str:
     """``uvloop`` if it is installed, else ``asyncio``."""
-    return "asyncio" if importlib.util.find_spec("uvloop") is None else "uvloop"
+    try:
+        import uvloop  # noqa: F401  (the speed extra)
+    except ModuleNotFoundError:
+        return "asyncio"
+    return "uvloop"
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:
