@@ -161,6 +161,8 @@ from producers.approvals import (
 from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
 from producers.http.auth import Authenticator, AuthFailure
+from producers.mcp_tasks import McpTasks
+from schemas.calls import CallQueries
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import ApprovalRequested
 from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
@@ -672,7 +674,9 @@ class LedgerMcpServer:
     projection) lets a duplicate queued behind a running call with the same key and
     arguments be answered "in progress" once ``wait_s`` has run out, instead of waiting on
     for the running call's outcome. ``approvals`` decides what the session's user confirms
-    by elicitation (default: in-process, through ``client``).
+    by elicitation (default: in-process, through ``client``). With ``queries`` (the ledger's
+    call projection), long-running tools answer clients that declare MCP's Tasks extension
+    with a task handle and serve ``tasks/get`` and ``tasks/cancel`` (:mod:`producers.mcp_tasks`).
     """
 
     def __init__(
@@ -685,6 +689,7 @@ class LedgerMcpServer:
         admit: Admission | None = None,
         queued: QueuedFor | None = None,
         approvals: Approvals | None = None,
+        queries: CallQueries | None = None,
         name: str = "toolledger",
         version: str = "0.1.0",
     ) -> None:
@@ -703,9 +708,21 @@ class LedgerMcpServer:
             instructions=_INSTRUCTIONS,
             get_tool_input_schema=self._schemas.get,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
         )
+        # not on_call_tool=: a call may also be answered with a task handle (an extension's
+        # result type, which the SDK's typed hook does not admit)
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         self.server.middleware.append(advertise_idempotency)
+        self.tasks: McpTasks | None = None
+        if queries is not None:
+            self.tasks = McpTasks(
+                queries,
+                client,
+                self.tools,
+                lambda ctx: session_context(ctx, self.fixed_context),
+                _tool_result,
+            )
+            self.tasks.install(self.server)
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -714,7 +731,7 @@ class LedgerMcpServer:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         spec = self.tools.get(params.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
@@ -768,6 +785,10 @@ class LedgerMcpServer:
                     if decided.error is None
                     else CallResult(status=None, error=decided.error)
                 )
+        if self.tasks is not None:
+            task = await self.tasks.handle(ctx, context, result)
+            if task is not None:
+                return task  # a running job: the client follows it with tasks/get
         if params_key is not None and spec.keyed:
             raise_idempotency_error(result, params_key)
         return _tool_result(result)

@@ -107,6 +107,7 @@ def mcp_server(
         wait_s=wait_s,
         admit=admission(door),
         queued=queued_probes(door),
+        queries=door.queries,
     )
 
 
