@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from processors.groups.views import GroupMeta
+from processors.groups.codec import GroupDecodeError, appended_at, decode_event
+from processors.groups.core import fold
+from processors.groups.facts import StepTool
+from processors.groups.views import GroupMeta, group_view
 from projections.dialect import SQLITE, Dialect, Query
 from schemas.groups import GroupView
+
+log_ = logging.getLogger("toolledger.groups")
 
 DDL = """
 CREATE TABLE IF NOT EXISTS group_log (
@@ -181,6 +188,72 @@ def views(rows: Iterable[Sequence[Any]]) -> list[GroupView]:
     return [GroupView.model_validate(json.loads(row[0])) for row in rows]
 
 
+# -- rebuilding the read model from the group log (``toolledger replay``) --------------------
+
+GROUP_IDS: Query = ("SELECT group_id FROM group_meta ORDER BY created_at, group_id", ())
+CLEAR_READ_MODEL: tuple[Query, ...] = (
+    ("DELETE FROM tool_call_group_steps", ()),
+    ("DELETE FROM tool_call_groups", ()),
+)
+# a stored group was valid when it was accepted: a lower step limit set since must not make
+# it unreadable (only a tool that is gone or changed does)
+_STORED_MAX_STEPS = 1_000_000
+
+
+def rebuilt_rows(
+    d: Dialect, meta: GroupMeta, texts: Sequence[str], tools: Mapping[str, StepTool]
+) -> list[Query]:
+    """One group's read-model rows, folded again from its log, as they were after its last
+    event (``updated_at`` is that event's time). Raises :class:`GroupDecodeError` if a stored
+    event no longer decodes with ``tools``."""
+    state = fold([decode_event(t, tools, _STORED_MAX_STEPS) for t in texts])
+    if state is None:
+        return []
+    times = [at for at in map(appended_at, texts) if at is not None]
+    return group_rows(
+        d, meta.tenant_id, group_view(meta, state, times[-1] if times else meta.created_at)
+    )
+
+
+class RebuildableGroupLog(Protocol):
+    """What a rebuild needs of a backend's group log: read every group, then swap the read
+    model in one transaction."""
+
+    async def group_ids(self) -> list[str]: ...
+
+    async def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None: ...
+
+    async def replace_read_model(self, queries: Sequence[Query]) -> None: ...
+
+
+@dataclass
+class GroupRebuild:
+    groups: int = 0
+    unreadable: list[str] = field(default_factory=list)  # their rows are left out, logged
+
+
+async def rebuild_read_model(
+    log: RebuildableGroupLog, d: Dialect, tools: Mapping[str, StepTool]
+) -> GroupRebuild:
+    """Drop ``tool_call_groups`` and ``tool_call_group_steps`` and fold them again from the
+    group log: the read model is a projection of the log, nothing in it is its own."""
+    done = GroupRebuild()
+    queries: list[Query] = list(CLEAR_READ_MODEL)
+    for group_id in await log.group_ids():
+        stored = await log.load(group_id)
+        if stored is None:
+            continue
+        try:
+            queries += rebuilt_rows(d, *stored, tools)
+        except GroupDecodeError as exc:
+            log_.error("group %s cannot be rebuilt: %s", group_id, exc)
+            done.unreadable.append(group_id)
+            continue
+        done.groups += 1
+    await log.replace_read_model(queries)
+    return done
+
+
 class SqliteGroupLog:
     """The group log in the embedded ledger file, written on the event loop (no await inside)
     in one short transaction per append, as the executor's commits are. One process holds the
@@ -224,3 +297,11 @@ class SqliteGroupLog:
     async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]:
         sql, params = search_groups(SQLITE, tenant_id, run_id, limit)
         return views(self._conn.execute(sql, params))
+
+    async def group_ids(self) -> list[str]:
+        return [r[0] for r in self._conn.execute(*GROUP_IDS)]
+
+    async def replace_read_model(self, queries: Sequence[Query]) -> None:
+        with self._transaction():
+            for sql, params in queries:
+                self._conn.execute(sql, params)

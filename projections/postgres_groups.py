@@ -15,8 +15,9 @@ from typing import Any
 import psycopg
 
 from processors.groups.views import GroupMeta
-from projections.dialect import POSTGRES
+from projections.dialect import POSTGRES, Query
 from projections.groups import (
+    GROUP_IDS,
     UNFINISHED,
     appended,
     events_query,
@@ -77,3 +78,13 @@ class PostgresGroupLog:
         async with self._projection._transaction("search groups") as conn:
             cur = await conn.execute(sql.encode(), params)
             return views(await cur.fetchall())
+
+    async def group_ids(self) -> list[str]:
+        async with self._projection._transaction("read group ids") as conn:
+            cur = await conn.execute(GROUP_IDS[0].encode())
+            return [r[0] for r in await cur.fetchall()]
+
+    async def replace_read_model(self, queries: Sequence[Query]) -> None:
+        async with self._projection._transaction("rebuild the group read model") as conn:
+            for sql, params in queries:
+                await conn.execute(sql.encode(), params)

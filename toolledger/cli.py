@@ -326,17 +326,36 @@ def replay(
     postgres: PostgresOption = DEFAULT_POSTGRES,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
+    tools: Annotated[
+        str, typer.Option(help="'helpdesk' or module:registry: the tools the call groups used.")
+    ] = "helpdesk",
 ) -> None:
-    """Drop the projections and rebuild them from the outcome log.
+    """Drop the projections and rebuild them from the outcome log, and the call groups' read
+    model from the group log.
 
     With --data: the embedded ledger in that directory. Otherwise: Kafka + PostgreSQL (stop the
-    projectors first).
+    projectors and the front doors first).
     """
+    from processors.tools.group_tools import step_tools
+    from projections.groups import GroupRebuild
+
+    rebuilt: GroupRebuild
+    with tempfile.TemporaryDirectory() as scratch:
+        try:  # only the tools' facts are read (keys, compensations): no store of their own
+            registry = load_tools(tools, (data or Path(scratch)) / "helpdesk.db")
+        except ConfigError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+    facts = step_tools(registry)
     if data is not None:
+        from projections.dialect import SQLITE
+        from projections.groups import SqliteGroupLog, rebuild_read_model
+
         log = _existing_ledger(data)
         try:
             with console.status("rebuilding projections from the log"):
                 count = log.rebuild_projections()
+                rebuilt = asyncio.run(rebuild_read_model(SqliteGroupLog(log.conn), SQLITE, facts))
         except LedgerFileError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
@@ -349,11 +368,19 @@ def replay(
 
         try:
             with console.status("rebuilding the PostgreSQL projections from Kafka"):
-                count = asyncio.run(replay_distributed(kafka, postgres, Topics(prefix, partitions)))
+                count, rebuilt = asyncio.run(
+                    replay_distributed(kafka, postgres, Topics(prefix, partitions), facts)
+                )
         except ProjectorsRunning as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
-    console.print(f"rebuilt projections from {count} events")
+    console.print(f"rebuilt projections from {count} events, and {rebuilt.groups} call groups")
+    if rebuilt.unreadable:
+        console.print(
+            f"[red]{len(rebuilt.unreadable)} call groups no longer decode with these tools "
+            f"(left out of the read model): {', '.join(rebuilt.unreadable[:10])}[/]"
+        )
+        raise typer.Exit(1)
 
 
 ServePrefixOption = Annotated[

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
 from processors.runtime.kafka import KafkaExecutor
@@ -15,6 +17,10 @@ from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.topics import Topics
 from toolledger.kafka_admin import ensure_topics
+
+if TYPE_CHECKING:
+    from processors.groups.facts import StepTool
+    from projections.groups import GroupRebuild
 
 log = logging.getLogger("toolledger")
 
@@ -88,11 +94,18 @@ class ProjectorsRunning(RuntimeError):
     pass
 
 
-async def replay_distributed(bootstrap: str, postgres: str, topics: Topics) -> int:
-    """Rebuild the Postgres projections from the outcome log; projectors must be stopped."""
+async def replay_distributed(
+    bootstrap: str, postgres: str, topics: Topics, tools: Mapping[str, StepTool]
+) -> tuple[int, GroupRebuild]:
+    """Rebuild the Postgres projections from the outcome log, and the call groups' read model
+    from their log (``tools``: the facts of the tools they used); projectors must be stopped.
+    Returns the events read and what was rebuilt of the groups."""
     from aiokafka.admin import AIOKafkaAdminClient
 
+    from projections.dialect import POSTGRES
+    from projections.groups import rebuild_read_model
     from projections.postgres import PostgresProjection, migrate
+    from projections.postgres_groups import PostgresGroupLog
     from projections.projector import rebuild
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -111,4 +124,5 @@ async def replay_distributed(bootstrap: str, postgres: str, topics: Topics) -> i
     await migrate(postgres)
     async with PostgresProjection(postgres) as projection:
         result = await rebuild(bootstrap, topics, projection)
-    return result.events
+        groups = await rebuild_read_model(PostgresGroupLog(projection, postgres), POSTGRES, tools)
+    return result.events, groups

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
 from processors.groups.core import (
@@ -35,7 +36,9 @@ class GroupDecodeError(ValueError):
     pass
 
 
-def encode_event(event: GroupEvent) -> str:
+def encode_event(event: GroupEvent, at: datetime | None = None) -> str:
+    """The stored form of ``event``; ``at``: when it was appended (the read model's
+    ``updated_at``, so a rebuild of the read model from the log gives the same rows)."""
     body: dict[str, Any]
     if isinstance(event, GroupSubmitted):
         body = {"group_key": event.group_key, "body": event.definition.as_body()}
@@ -51,7 +54,14 @@ def encode_event(event: GroupEvent) -> str:
         body = {"status": event.status.value, "completion_point": completion_json(event)}
     else:  # StepStarted, CompensationStarted, GroupResumed: plain fields
         body = asdict(event)
-    return json.dumps({"type": type(event).__name__, **body}, separators=(",", ":"))
+    stamped = {} if at is None else {"at": at.isoformat()}
+    return json.dumps({"type": type(event).__name__, **body, **stamped}, separators=(",", ":"))
+
+
+def appended_at(text: str) -> datetime | None:
+    """When a stored event was appended (None: stored before events carried their time)."""
+    at = json.loads(text).get("at")
+    return datetime.fromisoformat(at) if isinstance(at, str) else None
 
 
 def completion_json(event: GroupFinished) -> dict[str, Any]:
@@ -79,6 +89,7 @@ def completion_json(event: GroupFinished) -> dict[str, Any]:
 def decode_event(text: str, tools: Mapping[str, StepTool], max_steps: int) -> GroupEvent:
     data = json.loads(text)
     kind = data.pop("type")
+    data.pop("at", None)
     if kind == "GroupSubmitted":
         definition = parse_group(data["body"], tools, max_steps=max_steps)
         if isinstance(definition, InvalidGroup):

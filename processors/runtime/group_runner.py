@@ -174,9 +174,9 @@ class GroupRunner:
             now = self._clock()
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
             group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)))
-            submitted = encode_event(GroupSubmitted(group_key, definition))
+            submitted = encode_event(GroupSubmitted(group_key, definition), at=now)
             await self._log.claim(group_id)
-            await self._log.append(meta, [submitted], self._view(group))
+            await self._log.append(meta, [submitted], group_view(meta, group.state, now))
             self._groups[group_id] = group
             self._drive(group)
         return GroupAnswer(await self._wait(group, wait_s))
@@ -286,8 +286,10 @@ class GroupRunner:
             for event in events[len(answered) :]:
                 state = evolve(state, event)
             if events:
-                view = group_view(group.meta, state, self._clock())
-                await self._log.append(group.meta, [encode_event(e) for e in events], view)
+                now = self._clock()
+                view = group_view(group.meta, state, now)
+                stored = [encode_event(e, at=now) for e in events]
+                await self._log.append(group.meta, stored, view)
                 group.state = state
         await _notify(group.changed)
         return actions
