@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from projections.postgres import PostgresProjection
 from projections.postgres_groups import PostgresGroupLog
 from schemas.status import CallStatus
 from tests.services import Services
-from tests.unit.test_group_replay import CHAIN, COMPENSATED, READ_MODEL
+from tests.unit.test_group_replay import READ_MODEL, submit_both
 
 pytestmark = pytest.mark.services
 
@@ -53,16 +52,7 @@ async def test_the_group_read_model_is_rebuilt_from_the_group_log(services: Serv
         await group_log.open()
         try:
             runner = GroupRunner(group_log, group_log, scripted, lambda: tools)
-            for body, status in ((CHAIN, "SUCCEEDED"), (COMPENSATED, "COMPENSATED")):
-                answer = await runner.submit(
-                    tenant_id="acme",
-                    principal="agent-a",
-                    scopes=["tools:call"],
-                    group_key=f"replay-{uuid.uuid4().hex}",
-                    body=body,
-                    wait_s=30,
-                )
-                assert answer.view is not None and answer.view.status == status, answer
+            await submit_both(runner)
             await runner.stop()
             written = await read_model(dsn)
             assert len(written[0]) == 2 and len(written[1]) == 4

@@ -15,6 +15,7 @@ from typing import Any
 
 from processors.groups.codec import appended_at, decode_event, encode_event
 from processors.groups.core import GroupResumed
+from processors.runtime.group_runner import GroupRunner
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger.embedded import EmbeddedLedger
 
@@ -55,26 +56,31 @@ def read_model(ledger_file: Path) -> list[list[tuple[Any, ...]]]:
         return [conn.execute(sql).fetchall() for sql in READ_MODEL]
 
 
+async def submit_both(groups: GroupRunner) -> list[str]:
+    """CHAIN and COMPENSATED, run to their end; their group ids."""
+    statuses, ids = [], []
+    for body in (CHAIN, COMPENSATED):
+        answer = await groups.submit(
+            tenant_id="acme",
+            principal="agent-a",
+            scopes=["tools:call"],
+            group_key=f"replay-{uuid.uuid4().hex}",
+            body=body,
+            wait_s=30,
+        )
+        assert answer.error is None and answer.view is not None, answer
+        statuses.append(answer.view.status)
+        ids.append(answer.view.group_id)
+    assert statuses == ["SUCCEEDED", "COMPENSATED"], statuses
+    return ids
+
+
 async def run_groups(data: Path) -> list[str]:
     store = HelpdeskStore(data / "helpdesk.db")
     try:
         async with EmbeddedLedger(data / "ledger.db", helpdesk_registry(store), create=True) as led:
             assert led.groups is not None
-            statuses, ids = [], []
-            for body in (CHAIN, COMPENSATED):
-                answer = await led.groups.submit(
-                    tenant_id="acme",
-                    principal="agent-a",
-                    scopes=["tools:call"],
-                    group_key=f"replay-{uuid.uuid4().hex}",
-                    body=body,
-                    wait_s=30,
-                )
-                assert answer.error is None and answer.view is not None, answer
-                statuses.append(answer.view.status)
-                ids.append(answer.view.group_id)
-            assert statuses == ["SUCCEEDED", "COMPENSATED"], statuses
-            return ids
+            return await submit_both(led.groups)
     finally:
         store.close()
 
