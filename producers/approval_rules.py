@@ -11,8 +11,10 @@ Who decides is the request's ``approver_kind`` (the tool's rule chose it from th
   operators may approve too (the user is not always there).
 
 Whoever may approve a request may deny it, and so may every operator of the tenant (the
-requester of a four-eyes request too, if it is an operator). The tenant is the caller's to
-check: a request of another tenant is not found before these rules are asked.
+requester of a four-eyes request too, if it is an operator). Nobody decides another
+tenant's request but a global operator (``operator:global``): the HTTP API does not even find
+it, and these rules refuse it for the front ends that hold the request in hand (the SDK's
+in-process decisions).
 """
 
 from __future__ import annotations
@@ -33,8 +35,22 @@ def is_requester(context: TrustedContext, view: ApprovalView) -> bool:
     return (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal)
 
 
+def tenant_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
+    """A request of another tenant: only a global operator decides it."""
+    if view.tenant_id == context.tenant_id or GLOBAL_OPERATOR in context.scopes:
+        return None
+    return ErrorInfo.of(
+        ErrorCode.FORBIDDEN,
+        "This approval request belongs to another tenant.",
+        suggested_action="Ask an operator of the tenant the call runs in.",
+    )
+
+
 def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
     """Why ``context`` may not approve ``view``; None: it may."""
+    foreign = tenant_refusal(context, view)
+    if foreign is not None:
+        return foreign
     if view.approver_kind == "user":
         if is_requester(context, view) or is_operator(context):
             return None
@@ -64,6 +80,6 @@ def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | 
 def deny_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
     """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, and the
     tenant's operators)."""
-    if is_operator(context):
+    if is_operator(context) and tenant_refusal(context, view) is None:
         return None
     return approve_refusal(context, view)

@@ -29,6 +29,7 @@ from processors.tools.manifest import (
     never,
 )
 from processors.tools.registry import DecoratedTool, ToolRegistry
+from producers.approvals import Decision, PendingApproval, pending_approval
 from producers.client import CallResult, LedgerClient, TransportError, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
@@ -49,6 +50,7 @@ __all__ = [
     "CallResult",
     "CallStatus",
     "Compensation",
+    "Decision",
     "DecoratedTool",
     "EffectClass",
     "ErrorCode",
@@ -65,6 +67,7 @@ __all__ = [
     "Ledger",
     "LedgerClient",
     "NotHappened",
+    "PendingApproval",
     "Registry",
     "RemoteTool",
     "RetryPolicy",
@@ -81,4 +84,5 @@ __all__ = [
     "always",
     "derive_idempotency_key",
     "never",
+    "pending_approval",
 ]

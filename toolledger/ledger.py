@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from processors.runtime.group_runner import GroupRunner
 from processors.tools.registry import ToolRegistry
+from producers.approvals import Approvals, Decision, PendingApproval, approvals_for
 from producers.client import DEFAULT_WAIT_S, CallResult, LedgerClient, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
 from schemas.groups import GroupAnswer
@@ -352,6 +353,37 @@ class Ledger:
             self._who(context),
             DEFAULT_WAIT_S if wait is None else wait,
         )
+
+    async def approve(
+        self, request: PendingApproval, context: TrustedContext | None = None
+    ) -> Decision:
+        """Grant the approval request a call was answered with (``pending_approval(result)``)
+        as ``context``: the user the call runs for (a ``user`` request), or an operator of the
+        tenant other than its caller (four eyes); over HTTP the token says who decides. The
+        same call (same key and arguments) then runs once, without a token."""
+        who = self._who(context)
+        approvals = self._approvals()
+        if who is None:  # over HTTP: the token decides
+            assert isinstance(approvals, HttpLedgerClient)
+            return await approvals.approve(request)
+        return await approvals.approve(request, who)
+
+    async def deny(
+        self, request: PendingApproval, context: TrustedContext | None = None, reason: str = ""
+    ) -> Decision:
+        """Deny the request with ``reason`` (the agent reads it); the same call is then
+        refused (``APPROVAL_INVALID``). Who may: as :meth:`approve`."""
+        who = self._who(context)
+        approvals = self._approvals()
+        if who is None:
+            assert isinstance(approvals, HttpLedgerClient)
+            return await approvals.deny(request, reason=reason)
+        return await approvals.deny(request, who, reason)
+
+    def _approvals(self) -> Approvals:
+        if self._caller is None:
+            raise RuntimeError("use the ledger inside `async with ledger:`")
+        return approvals_for(self._caller)
 
     def _who(self, context: TrustedContext | None) -> TrustedContext | None:
         who = context or self._context
