@@ -50,6 +50,7 @@ from schemas.status import CallStatus
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 POLL_INTERVAL_MS = 1000
+CANCEL_SCOPES = frozenset({"tools:call", "operator"})
 # how long a task handle waits for the projection to show its job (tasks/get must resolve
 # before the handle is returned, as the extension requires); past it: the plain result
 VISIBLE_WAIT_S = 5.0
@@ -211,6 +212,8 @@ class McpTasks:
         view = await self._view(ctx, params.task_id)
         context = self.context_of(ctx)
         assert context is not None  # _view refused an unauthenticated request
+        if not context.scopes & CANCEL_SCOPES:  # as POST /v1/calls/{id}/job/cancel asks
+            raise MCPError(types.INVALID_REQUEST, "Cancelling a job needs the scope 'tools:call'.")
         if view.status not in (CallStatus.PENDING, CallStatus.UNKNOWN):
             return {"resultType": "complete"}
         record = job_record(

@@ -267,3 +267,20 @@ async def tasks_client(url: str, token: str) -> AsyncIterator[Client]:
         Client(streamable_http_client(url, http_client=http), extensions=[Tasks()]) as client,
     ):
         yield client
+
+
+async def test_cancelling_needs_the_call_scope(tmp_path: Path) -> None:
+    reader = TrustedContext("acme", "reader", frozenset({"tools:read"}))
+    async with (
+        ledger(tmp_path) as setup,
+        Client(setup.server().server, extensions=[Tasks()]) as acme,
+        Client(setup.server(reader).server, extensions=[Tasks()]) as other,
+    ):
+        handle = await start(acme, {**SLOW, "idempotency_key": new_key()})
+        assert isinstance(handle, TaskHandle)
+        assert (await get_task(other, handle.task_id))["status"] == "working"  # it may look
+        with pytest.raises(MCPError) as refused:
+            await cancel_task(other, handle.task_id)
+        assert "tools:call" in refused.value.error.message
+        assert (await get_task(acme, handle.task_id))["status"] == "working"
+        await cancel_task(acme, handle.task_id)
