@@ -165,6 +165,7 @@ class Server:
     kafka: str | None = None  # distributed: where its topics are, and its database
     prefix: str | None = None
     dsn: str | None = None
+    ready_path: str = "/readyz"  # ``toolledger mcp`` answers /healthz
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -172,7 +173,7 @@ class Server:
             for process in self.processes:
                 process.check_alive()
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}{self.ready_path}", timeout=2).status_code == 200:
                     return
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {p.name}\n{p.log()}" for p in self.processes)
@@ -240,8 +241,9 @@ def start_embedded(workdir: Path) -> Server:
     return server
 
 
-def start_distributed(workdir: Path, services: Services) -> Server:
-    """Executor + projector + front door on fresh topics and a fresh database."""
+def start_distributed(workdir: Path, services: Services, *, front: str = "serve") -> Server:
+    """Executor + projector + front door on fresh topics and a fresh database; ``front``
+    ``"mcp"``: ``toolledger mcp --transport http`` instead of ``serve``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     dsn = asyncio.run(services.fresh_database())
@@ -270,9 +272,12 @@ def start_distributed(workdir: Path, services: Services) -> Server:
         wait_for_file(server.processes[0], executor_ready)
         wait_for_file(server.processes[1], projector_ready)
         # --data only holds the server's unused copy of the helpdesk store in this mode
-        args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
+        args = ["serve"] if front == "serve" else ["mcp", "--transport", "http"]
+        args += ["--host", "127.0.0.1", "--port", str(port)]
         args += ["--data", str(workdir / "server"), "--tokens", str(tokens)]
         args += [*common, "--postgres", dsn]
+        if front == "mcp":
+            server.ready_path = "/healthz"
         server.processes.append(spawn("server", args, workdir))
         server.wait_ready()
     except BaseException:

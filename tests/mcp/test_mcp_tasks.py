@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +28,9 @@ from producers.client import TrustedContext
 from producers.mcp_server import LedgerMcpServer
 from producers.mcp_tasks import TASKS_EXTENSION
 from projections.sqlite import SqliteCalls
+from tests.http.servers import ACME as HTTP_ACME
+from tests.http.servers import GLOBEX as HTTP_GLOBEX
+from tests.http.servers import Server, start_distributed
 from tests.mcp.common import (
     ACME,
     ACME_TOKEN,
@@ -38,6 +41,7 @@ from tests.mcp.common import (
     http_server_process,
     new_key,
 )
+from tests.services import Services
 from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
 
@@ -237,26 +241,54 @@ async def test_a_client_without_the_extension_gets_the_job_in_the_result(
         assert setup.exports(key) == 1
 
 
-async def test_tasks_over_streamable_http_of_toolledger_mcp(tmp_path: Path) -> None:
-    """The same through ``toolledger mcp --transport http``: the wiring hands the server its
-    ledger's projection, each request is authenticated, and another tenant's token does not
-    find the task (``Mcp-Name`` carries the task id, as the extension asks)."""
+async def check_tasks_over_http(url: str, acme: str, globex: str) -> str:
+    """A job followed to its outcome and another cancelled, through a ``toolledger mcp
+    --transport http`` at ``url``: the wiring hands the server its ledger's projection, each
+    request is authenticated, another tenant's token does not find the task (``Mcp-Name``
+    carries the task id, as the extension asks). The finished job's key."""
+    async with tasks_client(url, acme) as client:
+        key = new_key()
+        handle = await start(client, {"delay_ms": 300, "idempotency_key": key})
+        assert isinstance(handle, TaskHandle), handle
+        again = await start(client, {"delay_ms": 300, "idempotency_key": key})
+        assert isinstance(again, TaskHandle) and again.task_id == handle.task_id
+        done = await until_terminal(client, handle.task_id)
+        assert done["status"] == "completed"
+        assert body(types.CallToolResult.model_validate(done["result"]))["ok"] is True
+        slow = await start(client, {**SLOW, "idempotency_key": new_key()})
+        assert isinstance(slow, TaskHandle)
+        async with tasks_client(url, globex) as other:
+            with pytest.raises(MCPError):
+                await get_task(other, slow.task_id)
+        await cancel_task(client, slow.task_id)
+        assert (await until_terminal(client, slow.task_id))["status"] == "cancelled"
+    return key
+
+
+async def test_tasks_over_streamable_http_on_the_embedded_backend(tmp_path: Path) -> None:
     with http_server_process(deployment(tmp_path)) as deploy:
-        async with tasks_client(deploy.url, ACME_TOKEN) as client:
-            key = new_key()
-            handle = await start(client, {"delay_ms": 300, "idempotency_key": key})
-            assert isinstance(handle, TaskHandle), handle
-            done = await until_terminal(client, handle.task_id)
-            assert done["status"] == "completed"
-            assert body(types.CallToolResult.model_validate(done["result"]))["ok"] is True
-            slow = await start(client, {**SLOW, "idempotency_key": new_key()})
-            assert isinstance(slow, TaskHandle)
-            async with tasks_client(deploy.url, GLOBEX_TOKEN) as other:
-                with pytest.raises(MCPError):
-                    await get_task(other, slow.task_id)
-            await cancel_task(client, slow.task_id)
-            assert (await until_terminal(client, slow.task_id))["status"] == "cancelled"
+        key = await check_tasks_over_http(deploy.url, ACME_TOKEN, GLOBEX_TOKEN)
         assert deploy.effects("acme", "export_tickets", key) == 1
+
+
+@pytest.fixture
+def kafka_mcp(tmp_path: Path, services: Services) -> Iterator[Server]:
+    """``toolledger mcp --transport http`` on Kafka + PostgreSQL, with its executor and
+    projector."""
+    front = start_distributed(tmp_path, services, front="mcp")
+    try:
+        yield front
+    finally:
+        front.stop()
+
+
+@pytest.mark.services
+async def test_tasks_over_streamable_http_on_kafka_and_postgres(kafka_mcp: Server) -> None:
+    """The task is read from the PostgreSQL projection, which the projector fills after the
+    executor's commit: the handle is returned only once ``tasks/get`` resolves it."""
+    url = f"{kafka_mcp.base_url}/mcp"
+    key = await check_tasks_over_http(url, HTTP_ACME.token, HTTP_GLOBEX.token)
+    assert kafka_mcp.effects("acme", "export_tickets", key) == 1
 
 
 @contextlib.asynccontextmanager
