@@ -14,7 +14,18 @@ Timeline of one step::
     crash anywhere: fold the log, in_flight() names the call, call(key, args) again
 
 Only one runner drives a group at a time: the embedded ledger has one (in the process that
-holds the file's lock).
+holds the file's lock); on Kafka + PostgreSQL each front door runs one, and a group is driven
+by the one that holds its claim (a PostgreSQL advisory lock, gone with the process). Timeline
+of a submission that races another front door with the same key::
+
+    A: load (none) ─ claim ✓ ─ load again (none) ─ append GroupSubmitted ─ drive
+    B: load (none) ─ claim ✗ ─ load again ─ A's group: replay it (or 422 for another body)
+                                          └ nothing yet: "retry in a moment" (503)
+
+The second load, *after* the claim, is what keeps a key to one definition: only the claim's
+holder appends a GroupSubmitted, and it appends only what is not there. A front door whose
+peer crashed takes its unfinished groups over within ``takeover_interval_s`` (their claims
+are gone with the peer's session), or at once when a group is asked for again.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from schemas.status import CallStatus
 log = logging.getLogger("toolledger.groups")
 
 DEFAULT_MAX_PARALLEL = 8
+TAKEOVER_INTERVAL_S = 5.0  # how often a front door looks for groups nobody drives
 STEP_WAIT_S = 30.0  # one ask of the ledger; a call still running is asked again
 REASK_BACKOFF_S = (0.05, 0.2, 1.0, 5.0)
 
@@ -133,8 +145,11 @@ class GroupRunner:
         max_parallel: int = DEFAULT_MAX_PARALLEL,
         max_steps: int = 100,
         clock: Clock = lambda: datetime.now(UTC),
+        takeover_interval_s: float | None = TAKEOVER_INTERVAL_S,
     ) -> None:
         self._log = group_log
+        self._takeover_interval_s = takeover_interval_s
+        self._takeover: asyncio.Task[None] | None = None
         self._reads = reads
         self._call = call
         self._tools = tools
@@ -162,6 +177,12 @@ class GroupRunner:
         group_id = group_id_for(tenant_id, group_key)
         async with self._lock(group_id):
             group = await self._loaded(group_id)
+            claimed = group_id in self._groups
+            if group is None:
+                claimed = await self._log.claim(group_id)
+                group = await self._loaded(group_id)  # written by another since the first load?
+                if group is None and not claimed:
+                    return GroupAnswer(error=_submitted_elsewhere())
             if group is not None:
                 if group.state.definition.digest != definition.digest:
                     return GroupAnswer(
@@ -170,12 +191,12 @@ class GroupRunner:
                             "This idempotency key was used for another group definition.",
                         )
                     )
+                await self._adopt(group, claimed)
                 return GroupAnswer(await self._wait(group, wait_s), replayed=True)
             now = self._clock()
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
             group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)))
             submitted = encode_event(GroupSubmitted(group_key, definition), at=now)
-            await self._log.claim(group_id)
             await self._log.append(meta, [submitted], group_view(meta, group.state, now))
             self._groups[group_id] = group
             self._drive(group)
@@ -228,16 +249,47 @@ class GroupRunner:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Drive again every group that had not finished (after a stop or a crash)."""
+        """Drive again every group that had not finished (after a stop or a crash), then keep
+        looking for groups whose driver is gone."""
+        await self._take_over()
+        if self._takeover_interval_s is not None:
+            self._takeover = asyncio.get_running_loop().create_task(self._keep_taking_over())
+
+    async def _take_over(self) -> None:
         for group_id in await self._log.unfinished():
-            if not await self._log.claim(group_id):
-                continue  # another live front door drives it
-            group = await self._loaded(group_id)
-            if group is not None:
-                self._groups[group_id] = group
-                self._drive(group)
+            if group_id in self._groups:
+                continue  # driven here
+            async with self._lock(group_id):
+                group = await self._loaded(group_id)
+                if group is not None:
+                    await self._adopt(group, claimed=False)
+
+    async def _keep_taking_over(self) -> None:
+        assert self._takeover_interval_s is not None
+        while True:
+            await asyncio.sleep(self._takeover_interval_s)
+            try:
+                await self._take_over()
+            except Exception:  # the log unreachable for a moment: the next round tries again
+                log.warning("looking for groups to take over failed", exc_info=True)
+
+    async def _adopt(self, group: _Group, claimed: bool) -> None:
+        """Drive ``group`` here if nobody else does (its claim is ours, or free)."""
+        group_id = group.meta.group_id
+        if group_id in self._groups or group.state.finished is not None:
+            return
+        if not claimed and not await self._log.claim(group_id):
+            return  # another live front door drives it
+        group = await self._loaded(group_id) or group  # as the log has it now it is ours
+        self._groups[group_id] = group
+        self._drive(group)
 
     async def stop(self) -> None:
+        if self._takeover is not None:
+            self._takeover.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._takeover
+            self._takeover = None
         tasks = [g.task for g in self._groups.values() if g.task is not None]
         for task in tasks:
             task.cancel()
@@ -394,4 +446,13 @@ def _not_found(group_id: str) -> ErrorInfo:
         message=f"There is no group {group_id} in this tenant.",
         retryable=False,
         suggested_action="Check the group id (it is in the submission's answer).",
+    )
+
+
+def _submitted_elsewhere() -> ErrorInfo:
+    return ErrorInfo.of(
+        ErrorCode.INTERNAL,
+        "Another front door is submitting a group with this key right now.",
+        retryable=True,
+        suggested_action="Send the same group again with the same key in a moment.",
     )
