@@ -5,10 +5,15 @@ Run::
 
     .venv/bin/python -m bench.groups                 # 30 rounds of each, ~1 min on 2 cores
     .venv/bin/python -m bench.groups --rounds 100
+    .venv/bin/python -m bench.groups --jobs 1000     # polling cost instead, ~45 s
 
 Each round uses new keys (every step executes). Reported: median and p90 wall time per round,
 and each group shape's ratio to the sequential baseline. The fan-out's steps are independent,
 so its ratio below 1 is the concurrency the orchestrator adds.
+
+``--jobs N`` measures instead the cost of polling per second with N running jobs of a
+long-running tool against the same process idle (``bench/jobs_polling.py``, written to
+``bench/results/jobs_polling.json``; ``--window`` and ``--profile`` are its options).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
+from bench import jobs_polling
 from bench.common import TOOL, Counter, make_registry, write_result
 from producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
@@ -106,14 +112,25 @@ async def run(rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--out", default="bench/results/groups.json")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help="measure polling with this many running jobs instead (bench/jobs_polling.py)",
+    )
+    jobs_polling.add_arguments(parser)
+    parser.add_argument(
+        "--out", help=f"default bench/results/groups.json ({jobs_polling.OUT} with --jobs)"
+    )
     args = parser.parse_args()
+    if args.jobs is not None:
+        jobs_polling.execute(args.jobs, args, args.out)
+        return
     console = Console()
     result = asyncio.run(run(args.rounds))
     console.print(result)
-    write_result(result, args.out, console)
+    write_result(result, args.out or "bench/results/groups.json", console)
 
 
 if __name__ == "__main__":
