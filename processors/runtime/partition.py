@@ -84,6 +84,7 @@ _INBOUND = (
 )
 _POLL_BACKOFF_BASE_S = 0.1
 _POLL_BACKOFF_CAP_S = 5.0
+_POLL_JITTER = 0.5  # a poll's wait is drawn from [50%, 100%] of its backoff
 
 
 class PartitionFailed(RuntimeError):
@@ -483,6 +484,9 @@ class PartitionWorker:
                 if _job_runs(self._known(key)):
                     polls, _ = self._polls.get(key, (0, 0.0))
                     wait = min(_POLL_BACKOFF_CAP_S, _POLL_BACKOFF_BASE_S * 2.0 ** min(polls, 8))
+                    # jitter: jobs started together would otherwise be polled in one burst
+                    # per cap period for ever (bench/jobs_polling.py saw 1,000 in one sweep)
+                    wait *= 1.0 - _POLL_JITTER * self._stages.rng.random()
                     self._polls[key] = (polls + 1, self._stages.clock.monotonic() + wait)
                 self._spawn(key, self._sweep(key), key=key)
             await self._expire_due(now)
