@@ -113,6 +113,11 @@ _MIGRATION_FILE: Final = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 # projections in different schemas of one database migrate independently.
 _LOCK_CLASS: Final = 0x746C6467  # "tldg"
 _LOCK: Final = "SELECT pg_advisory_xact_lock(%s, hashtext(coalesce(current_schema(), '')))"
+# held for a whole run: the first migrator applies every pending version, the others wait
+# and find nothing to do (with the per-transaction lock alone, two runs could interleave
+# versions, each applied once but by different migrators)
+_RUN_LOCK: Final = "SELECT pg_advisory_lock(%s, hashtext(coalesce(current_schema(), '')))"
+_RUN_UNLOCK: Final = "SELECT pg_advisory_unlock(%s, hashtext(coalesce(current_schema(), '')))"
 _MIGRATIONS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version    text        PRIMARY KEY,
@@ -153,9 +158,10 @@ def load_migrations() -> list[Migration]:
 async def migrate(dsn: str, *, connect_timeout: float = 10.0) -> list[str]:
     """Apply the migrations not applied yet, in order; return the versions applied now.
 
-    Each migration runs in its own transaction, under a transaction-scoped advisory lock, and
-    is recorded in ``schema_migrations`` in that transaction, so concurrent callers serialise
-    and a second run applies nothing. An applied migration whose file changed since is an
+    A run holds a session-level advisory lock, so concurrent callers serialise: the first
+    applies every pending version, the others apply nothing. Each migration runs in its own
+    transaction (under a transaction-scoped lock too, for migrators of older versions) and is
+    recorded in ``schema_migrations`` in that transaction. An applied migration whose file changed since is an
     error (write a new migration instead).
     """
     applied: list[str] = []
@@ -164,6 +170,7 @@ async def migrate(dsn: str, *, connect_timeout: float = 10.0) -> list[str]:
             dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout))
         )
         async with conn:
+            await conn.execute(_RUN_LOCK, (_LOCK_CLASS,))  # released with the session too
             for migration in load_migrations():
                 async with conn.transaction():
                     await conn.execute(_LOCK, (_LOCK_CLASS,))
@@ -190,6 +197,7 @@ async def migrate(dsn: str, *, connect_timeout: float = 10.0) -> list[str]:
                     )
                     applied.append(migration.version)
                     log.info("applied migration %s_%s", migration.version, migration.name)
+            await conn.execute(_RUN_UNLOCK, (_LOCK_CLASS,))
     return applied
 
 
