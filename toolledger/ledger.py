@@ -50,6 +50,9 @@ class _Caller(Protocol):
 class _Backend(Protocol):
     authenticated: bool  # the server takes tenant and principal from authentication
 
+    @property
+    def runs_groups(self) -> bool: ...
+
     async def open(self) -> _Caller: ...
 
     async def close(self, failed: bool) -> None: ...
@@ -67,6 +70,7 @@ class _Backend(Protocol):
 
 class _Embedded:
     authenticated = False
+    runs_groups = True
 
     def __init__(self, path: Path, registry: ToolRegistry, options: dict[str, Any]) -> None:
         from toolledger.embedded import EmbeddedLedger
@@ -165,6 +169,10 @@ class _Kafka:
     async def tools(self) -> list[RemoteTool]:
         return _registry_tools(self.registry) if self.registry is not None else []
 
+    @property
+    def runs_groups(self) -> bool:
+        return self.postgres is not None and self.registry is not None
+
     def _runner(self) -> GroupRunner:
         if self.groups is None:
             raise RuntimeError(_NO_KAFKA_GROUPS)
@@ -192,6 +200,7 @@ class _Kafka:
 
 class _Http:
     authenticated = True
+    runs_groups = True
 
     def __init__(self, url: str, token: str, wait_s: float) -> None:
         self.client = HttpLedgerClient(url, token, default_wait_s=wait_s)
@@ -313,6 +322,12 @@ class Ledger:
             step_id=step_id,
             approval_token=approval_token,
         )
+
+    @property
+    def runs_groups(self) -> bool:
+        """Whether :meth:`run_group` works here: always, except on ``Ledger.kafka`` without
+        ``postgres=`` (or the tools). The agent adapters submit a turn as a group only then."""
+        return self._backend.runs_groups
 
     async def tools(self) -> list[RemoteTool]:
         """The tools and their manifests, as the agent adapters take them (``ToolSpec``)."""

@@ -15,8 +15,10 @@ when that action is attempted again:
 
 * Anthropic (:func:`producers.adapters.anthropic.execute_tool_use`): the caller passes the
   step id. :func:`producers.adapters.anthropic.execute_tool_uses` uses
-  ``turn-<n>/use-<i>``: ``n`` the index of the assistant turn in the persisted
-  conversation, ``i`` the position of the ``tool_use`` block in that turn's content.
+  ``turn-<n>/<tool>-<k>``: ``n`` the index of the assistant turn in the persisted
+  conversation, ``k`` the ordinal of the ``tool_use`` block among that turn's blocks of the
+  same tool. With a client that runs call groups, the turn is one group keyed by the run id
+  and ``turn-<n>``, and its steps are keyed by the group (:mod:`producers.adapters.groups`).
 * OpenAI Agents SDK (:mod:`producers.adapters.openai_agents`): the run context carries a
   :class:`~producers.adapters.openai_agents.LedgerRun` whose step counter the runtime
   persists with the conversation; a retried turn starts again from the persisted counter

@@ -7,24 +7,29 @@
     )
     # this response's place in the persisted history: the assistant turns before it
     turn = sum(1 for message in history if message["role"] == "assistant")
+    history.append({"role": "assistant", "content": response.content})  # persisted first
     results = await execute_tool_uses(
-        response.content, ledger_client, tool_infos, trusted_context, run_id, turn
+        response.content, ledger, tool_infos, trusted_context, run_id, turn
     )
-    history += [{"role": "assistant", "content": response.content},
-                {"role": "user", "content": results}]
+    history.append({"role": "user", "content": results})
 
-Step ids and keys. The model does not supply the idempotency key: it is
-``derive_idempotency_key(run_id, step_id)``. With :func:`execute_tool_use` the caller passes
-the step id; :func:`execute_tool_uses` uses :func:`step_id` = ``turn-<n>/<tool>-<k>``: ``n``
-the index of the assistant turn in the persisted conversation, ``k`` the ordinal of this
-tool's ``tool_use`` block among that turn's blocks for the same tool. The ``tool_use`` id
-(``toolu_...``) only pairs the result with its block: a regenerated turn gets new ids, so a
-key built from it would run a retried turn's effects again. A retried turn has the same
-``n`` (it takes the same place in the history), so its calls get the same keys and the
-ledger answers them with the stored outcomes. Numbering per tool keeps a reordered retry
-safe: another tool's blocks cannot shift this tool's keys; two blocks of the same tool
-swapped get each other's keys with other arguments and are refused
-(``IDEMPOTENCY_KEY_REUSED``), never run twice.
+Step ids and keys. The model does not supply the idempotency key. With
+:func:`execute_tool_use` the caller passes the step id and the key is
+``derive_idempotency_key(run_id, step_id)``. :func:`execute_tool_uses` uses :func:`step_id` =
+``turn-<n>/<tool>-<k>``: ``n`` the index of the assistant turn in the persisted conversation,
+``k`` the ordinal of this tool's ``tool_use`` block among that turn's blocks for the same
+tool. With a client that runs call groups the turn is one group, keyed by ``run_id`` and
+``turn-<n>`` (:func:`producers.adapters.groups.turn_group_key`), whose step ``<tool>-<k>`` is
+keyed by the group (see :mod:`producers.adapters.groups`); otherwise each call is keyed by
+``run_id`` and its step id. The ``tool_use`` id (``toolu_...``) only pairs the result with its
+block: a regenerated turn gets new ids, so a key built from it would run a retried turn's
+effects again. A retried turn has the same ``n`` (it takes the same place in the history), so
+its calls get the same keys and the ledger answers them with the stored outcomes. Numbering
+per tool keeps a reordered retry safe: another tool's blocks cannot shift this tool's keys;
+two blocks of the same tool swapped get each other's keys with other arguments and are
+refused (``IDEMPOTENCY_KEY_REUSED``), never run twice. A group is refused as a whole when its
+turn comes back with other calls (persist the assistant message before its tools run, as
+above, so that a retry runs the same turn).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from producers.adapters import (
     result_text,
     runtime_keyed_description,
 )
+from producers.adapters.groups import TurnCall, TurnGroup, TurnOutcome, group_caller, group_step_id
 from producers.approvals import (
     Approvals,
     Approve,
@@ -57,6 +63,7 @@ from producers.approvals import (
 from producers.client import Caller, CallResult, TrustedContext
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode, ErrorInfo
+from schemas.groups import GroupView
 
 __all__ = [
     "Approve",
@@ -123,13 +130,18 @@ class PendingToolUse:
 
 class ToolResults(list[ToolResultBlockParam]):
     """A turn's ``tool_result`` blocks, in block order, and in ``pending`` the tool uses that
-    wait for a human's approval (their blocks say so to the model)."""
+    wait for a human's approval (their blocks say so to the model); ``group``: the turn's
+    call group, when it ran as one."""
 
     def __init__(
-        self, blocks: Iterable[ToolResultBlockParam], pending: Iterable[PendingToolUse] = ()
+        self,
+        blocks: Iterable[ToolResultBlockParam],
+        pending: Iterable[PendingToolUse] = (),
+        group: GroupView | None = None,
     ) -> None:
         super().__init__(blocks)
         self.pending = tuple(pending)
+        self.group = group
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +170,11 @@ class _Runner:
         approval_token: str | None = None,
     ) -> _Answer:
         spec = self.tools.get(block.name)
-        if spec is None:
-            missing = refusal(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {block.name!r}.")
-            return _Answer(tool_result(block, missing))
+        answered = _refusal(block, spec)
+        if answered is not None:
+            return _Answer(tool_result(block, answered))
+        assert spec is not None  # an unknown tool is refused
         arguments: Any = block.input
-        if not isinstance(arguments, dict):
-            invalid = refusal(ErrorCode.VALIDATION_FAILED, "The input must be a JSON object.")
-            return _Answer(tool_result(block, invalid))
 
         async def call() -> CallResult:
             return await self.client.call(
@@ -256,31 +266,81 @@ async def execute_tool_uses(
     decisions: Decisions | None = None,
     approvals: Approvals | None = None,
     approver: TrustedContext | None = None,
+    as_group: bool = True,
 ) -> ToolResults:
-    """Run every ``tool_use`` block of one assistant turn, with step ids from :func:`step_id`;
-    the results are in block order, ready to be the next user message's content, and their
-    ``pending`` lists the tool uses that wait for a human's approval.
-
-    To bring the human's answers back, run the same turn again (same ``content``, same
-    ``turn``) with ``decisions`` keyed by ``tool_use`` id (or approval request id): each
-    decision is sent as ``approver`` (default: ``context``) before that tool use runs again
-    with the same key; the turn's other calls replay their stored outcomes.
+    """Run every ``tool_use`` block of one assistant turn; the results are in block order,
+    ready to be the next user message's content, and their ``pending`` lists the tool uses
+    that wait for a human's approval.
 
     A model that emits several calls at once has not said they are independent: read-only
     calls run concurrently, but mutations run one after another, in the order the model
     emitted them (a "create, then update" pair never races), unless their tools are named in
-    ``independent``."""
+    ``independent``.
+
+    With a client that runs call groups (``toolledger.Ledger`` on any transport, or
+    ``HttpLedgerClient``; see :func:`producers.adapters.groups.group_caller`) the turn is
+    submitted as **one group** keyed by ``run_id`` and ``turn``: the mutations chained in
+    block order, ``on_failure="stop"``. A model turn is not a saga: once a call fails, the
+    calls not yet started do not run (their results say so) and nothing is compensated; the
+    model reads the outcomes and decides what to do next. A retried turn is the same group
+    and replays; it must be the same turn (persist the assistant message before running its
+    tools): a regenerated turn with other calls is refused as a whole, nothing in it runs.
+    A mutation that waits for an approval pauses the group, so the mutations after it wait
+    too (their results say so; ``pending`` lists only the approval requests). The results
+    read as a lone call's (``attempts`` is 0); ``group`` is the group's view.
+    ``as_group=False``, or a client without groups (a bare ``LedgerClient``), runs the calls
+    one by one with the step ids of :func:`step_id` and keys from ``run_id`` and the step id
+    (so does ``Ledger.kafka`` without ``postgres=``, which runs no groups). The two
+    key their calls differently: keep one way for a whole run.
+
+    To bring the human's answers back, run the same turn again (same ``content``, same
+    ``turn``) with ``decisions`` keyed by ``tool_use`` id (or approval request id): each
+    decision is sent as ``approver`` (default: ``context``) through ``approvals`` (default:
+    the client's own) before that tool use runs again with the same key (in a group: the
+    group is resumed, and the approved call runs once); the turn's other calls replay their
+    stored outcomes."""
     indexed = index_tools(tools)
-    runner = _Runner(client, indexed, context, run_id, wait, approvals, approver)
+    blocks = _numbered(content)
+    groups = group_caller(client) if as_group else None
+    if groups is None:
+        runner = _Runner(client, indexed, context, run_id, wait, approvals, approver)
+        return await _one_by_one(blocks, runner, turn, indexed, independent, decisions or {})
+    group = TurnGroup(groups, context, run_id, turn, wait, approvals, approver)
+    calls = [_turn_call(block, k, indexed.get(block.name), independent) for block, k in blocks]
+    outcomes, view = await group.run(calls, decisions or {})
+    answers = [
+        _answered(block, step_id(turn, block.name, k), outcome)
+        for (block, k), outcome in zip(blocks, outcomes, strict=True)
+    ]
+    return ToolResults(
+        (a.block for a in answers), (a.pending for a in answers if a.pending is not None), view
+    )
+
+
+def _numbered(content: Iterable[object]) -> list[tuple[ToolUseBlock, int]]:
+    """The turn's ``tool_use`` blocks, each with its ordinal among the blocks of its tool."""
     ordinals: dict[str, int] = {}
-    in_order = asyncio.Lock()  # mutations take turns, in block order (the lock is FIFO)
-    calls = []
+    numbered = []
     for block in content:
-        if not isinstance(block, ToolUseBlock):
-            continue
-        ordinals[block.name] = ordinals.get(block.name, 0) + 1
-        step = step_id(turn, block.name, ordinals[block.name])
-        call = runner.run_deciding(block, step, decisions or {})
+        if isinstance(block, ToolUseBlock):
+            ordinals[block.name] = ordinals.get(block.name, 0) + 1
+            numbered.append((block, ordinals[block.name]))
+    return numbered
+
+
+async def _one_by_one(
+    blocks: Iterable[tuple[ToolUseBlock, int]],
+    runner: _Runner,
+    turn: int,
+    indexed: Mapping[str, ToolSpec],
+    independent: Collection[str],
+    decisions: Decisions,
+) -> ToolResults:
+    """The turn call by call: the mutations take turns in block order (a FIFO lock)."""
+    in_order = asyncio.Lock()
+    calls = []
+    for block, ordinal in blocks:
+        call = runner.run_deciding(block, step_id(turn, block.name, ordinal), decisions)
         spec = indexed.get(block.name)
         ordered = spec is not None and spec.keyed and block.name not in independent
         calls.append(_in_turn(call, in_order) if ordered else call)
@@ -293,3 +353,36 @@ async def execute_tool_uses(
 async def _in_turn(call: Awaitable[_Answer], in_order: asyncio.Lock) -> _Answer:
     async with in_order:
         return await call
+
+
+def _refusal(block: ToolUseBlock, spec: ToolSpec | None) -> CallResult | None:
+    """The answer to a block the ledger is not asked about: an unknown tool, or an input that
+    is not a JSON object."""
+    if spec is None:
+        return refusal(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {block.name!r}.")
+    if not isinstance(block.input, dict):
+        return refusal(ErrorCode.VALIDATION_FAILED, "The input must be a JSON object.")
+    return None
+
+
+def _turn_call(
+    block: ToolUseBlock, ordinal: int, spec: ToolSpec | None, independent: Collection[str]
+) -> TurnCall:
+    keyed = spec is not None and spec.keyed
+    arguments = block.input if isinstance(block.input, dict) else {}
+    return TurnCall(
+        use_id=block.id,
+        tool=block.name,
+        arguments=arguments,
+        step_id=group_step_id(block.name, ordinal),
+        keyed=keyed,
+        chained=keyed and block.name not in independent,
+        refusal=_refusal(block, spec),
+    )
+
+
+def _answered(block: ToolUseBlock, step: str, outcome: TurnOutcome) -> _Answer:
+    if outcome.request is None:
+        return _Answer(tool_result(block, outcome.result))
+    waiting = PendingToolUse(block.id, step, outcome.request, outcome.refused)
+    return _Answer(tool_result(block, awaiting_approval(outcome.result, outcome.request)), waiting)
