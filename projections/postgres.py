@@ -161,8 +161,8 @@ async def migrate(dsn: str, *, connect_timeout: float = 10.0) -> list[str]:
     A run holds a session-level advisory lock, so concurrent callers serialise: the first
     applies every pending version, the others apply nothing. Each migration runs in its own
     transaction (under a transaction-scoped lock too, for migrators of older versions) and is
-    recorded in ``schema_migrations`` in that transaction. An applied migration whose file changed since is an
-    error (write a new migration instead).
+    recorded in ``schema_migrations`` in that transaction. An applied migration whose file
+    changed since is an error (write a new migration instead).
     """
     applied: list[str] = []
     async with _translated("migrate"):
