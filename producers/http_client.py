@@ -159,11 +159,14 @@ class HttpLedgerClient:
         idempotency_key: str,
         run_id: str,
         on_failure: str = "compensate",
+        context: TrustedContext | None = None,
         wait: float | None = None,
     ) -> GroupAnswer:
         """Submit a call group (``POST /v1/groups``) and wait up to ``wait`` seconds for it to
         finish; a refusal (an invalid definition, the key used for another one) is returned
-        as the answer's ``error``, nothing stored."""
+        as the answer's ``error``, nothing stored. ``context`` is not used: the token says who
+        submits (it is taken, as by :meth:`call`, so this client runs a turn's group in the
+        agent adapters like any other)."""
         body = {"run_id": run_id, "on_failure": on_failure, "steps": list(steps)}
         waited = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
         headers = {"Idempotency-Key": idempotency_key, "Prefer": f"wait={waited:.3f}"}
@@ -175,9 +178,11 @@ class HttpLedgerClient:
         group_id: str,
         *,
         approval_tokens: Mapping[str, str] | None = None,
+        context: TrustedContext | None = None,
         wait: float | None = None,
     ) -> GroupAnswer:
-        """Continue a BLOCKED or FAILED group (``POST /v1/groups/{id}/resume``)."""
+        """Continue a BLOCKED or FAILED group (``POST /v1/groups/{id}/resume``); ``context``:
+        as in :meth:`run_group`."""
         waited = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
         response = await self._send(
             "POST",

@@ -10,6 +10,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from schemas.errors import ErrorInfo, FieldError
+from schemas.keys import derive_idempotency_key
+
+# a step's id in a group definition (the adapters make ids that fit it)
+STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+def step_key(group_key: str, step_id: str) -> str:
+    """The idempotency key of a step's call: the same for every round, so it runs at most once."""
+    return derive_idempotency_key(group_key, f"step:{step_id}")
+
+
+def compensation_key(group_key: str, step_id: str) -> str:
+    """The idempotency key of the call that compensates a step."""
+    return derive_idempotency_key(group_key, f"compensate:{step_id}")
 
 
 def group_id_for(tenant_id: str, group_key: str) -> str:

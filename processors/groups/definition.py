@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from processors.groups.facts import StepTool, field_errors
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.keys import derive_idempotency_key
+from schemas.groups import STEP_ID_PATTERN, compensation_key, step_key
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -63,7 +63,6 @@ DEFAULT_MAX_STEPS = 100
 REF_KEY = "$from"
 PATH_KEY = "path"
 # letters, digits, "_" and "-": no ":" (key suffixes stay unambiguous) and no "." (locs)
-STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
 class OnFailure(StrEnum):
@@ -72,16 +71,6 @@ class OnFailure(StrEnum):
 
 
 # -- keys ----------------------------------------------------------------------------------------
-
-
-def step_key(group_key: str, step_id: str) -> str:
-    """The idempotency key of a step's call: the same for every round, so it runs at most once."""
-    return derive_idempotency_key(group_key, f"step:{step_id}")
-
-
-def compensation_key(group_key: str, step_id: str) -> str:
-    """The idempotency key of the call that compensates a step."""
-    return derive_idempotency_key(group_key, f"compensate:{step_id}")
 
 
 def call_intent_id(group_key: str, kind: str, step_id: str, round_: int) -> str:

@@ -191,7 +191,7 @@ class GroupRunner:
                             "This idempotency key was used for another group definition.",
                         )
                     )
-                await self._adopt(group, claimed)
+                group = await self._adopt(group_id, claimed) or group
                 return GroupAnswer(await self._wait(group, wait_s), replayed=True)
             now = self._clock()
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
@@ -260,9 +260,7 @@ class GroupRunner:
             if group_id in self._groups:
                 continue  # driven here
             async with self._lock(group_id):
-                group = await self._loaded(group_id)
-                if group is not None:
-                    await self._adopt(group, claimed=False)
+                await self._adopt(group_id, claimed=False)
 
     async def _keep_taking_over(self) -> None:
         assert self._takeover_interval_s is not None
@@ -273,16 +271,22 @@ class GroupRunner:
             except Exception:  # the log unreachable for a moment: the next round tries again
                 log.warning("looking for groups to take over failed", exc_info=True)
 
-    async def _adopt(self, group: _Group, claimed: bool) -> None:
-        """Drive ``group`` here if nobody else does (its claim is ours, or free)."""
-        group_id = group.meta.group_id
-        if group_id in self._groups or group.state.finished is not None:
-            return
+    async def _adopt(self, group_id: str, claimed: bool) -> _Group | None:
+        """The group as this runner drives it, if it does or now may (its claim is ours, or
+        free): loaded once claimed, so it is the state no other runner appends to. None: it
+        is driven elsewhere, or has finished. Wait on the returned group, never on a copy
+        loaded before: only the driven one is told of changes."""
+        driven = self._groups.get(group_id)
+        if driven is not None:
+            return driven
         if not claimed and not await self._log.claim(group_id):
-            return  # another live front door drives it
-        group = await self._loaded(group_id) or group  # as the log has it now it is ours
+            return None  # another live front door drives it
+        group = await self._loaded(group_id)
+        if group is None or group.state.finished is not None:
+            return None
         self._groups[group_id] = group
         self._drive(group)
+        return group
 
     async def stop(self) -> None:
         if self._takeover is not None:

@@ -42,7 +42,6 @@ from typing import Any, Protocol, runtime_checkable
 from producers.approvals import (
     Approvals,
     Approve,
-    Decision,
     Deny,
     PendingApproval,
     approvals_for,
@@ -50,10 +49,10 @@ from producers.approvals import (
     pending_approval,
 )
 from producers.client import Caller, CallResult, TrustedContext
-from producers.http_client import HttpLedgerClient
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.groups import GroupAnswer, GroupStepView, GroupView
+from schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupStepView, GroupView
+from schemas.groups import step_key as group_step_key  # the key the group gives a step
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 
@@ -75,8 +74,7 @@ not run, because an earlier one failed or waits for a human."""
 
 Decisions = Mapping[str, Approve | Deny]
 
-# the group definition's step id pattern (processors.groups.definition.STEP_ID_PATTERN)
-_STEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_STEP_ID = re.compile(STEP_ID_PATTERN)
 _CALL_STATUSES = frozenset(s.value for s in CallStatus)
 _SETTLED = frozenset({"SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL"})
 
@@ -84,8 +82,8 @@ _SETTLED = frozenset({"SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL"})
 @runtime_checkable
 class GroupCaller(Caller, Protocol):
     """A client that runs call groups as ``context``: ``toolledger.Ledger`` on any of its
-    transports (over HTTP its token says who calls). ``HttpLedgerClient`` takes no
-    ``context`` (its token says who) and is adapted by :func:`group_caller`."""
+    transports, and ``HttpLedgerClient`` (over HTTP the token says who calls and decides:
+    ``context`` is not sent)."""
 
     async def run_group(
         self,
@@ -106,77 +104,12 @@ class GroupCaller(Caller, Protocol):
         context: TrustedContext | None = None,
         wait: float | None = None,
     ) -> GroupAnswer: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _TokenGroups:
-    """``HttpLedgerClient`` as a :class:`GroupCaller` (and its own ``Approvals``): the server
-    takes who calls and who decides from the client's token, so ``context`` is not sent."""
-
-    client: HttpLedgerClient
-
-    async def call(
-        self,
-        tool: str,
-        arguments: Mapping[str, Any],
-        *,
-        idempotency_key: str | None,
-        context: TrustedContext,
-        wait: float | None = None,
-        run_id: str | None = None,
-        step_id: str | None = None,
-        approval_token: str | None = None,
-    ) -> CallResult:
-        return await self.client.call(
-            tool,
-            arguments,
-            idempotency_key=idempotency_key,
-            context=context,
-            wait=wait,
-            run_id=run_id,
-            step_id=step_id,
-            approval_token=approval_token,
-        )
-
-    async def run_group(
-        self,
-        steps: Sequence[Mapping[str, Any]],
-        *,
-        idempotency_key: str,
-        run_id: str,
-        on_failure: str = "compensate",
-        context: TrustedContext | None = None,
-        wait: float | None = None,
-    ) -> GroupAnswer:
-        return await self.client.run_group(
-            steps, idempotency_key=idempotency_key, run_id=run_id, on_failure=on_failure, wait=wait
-        )
-
-    async def resume_group(
-        self,
-        group_id: str,
-        *,
-        approval_tokens: Mapping[str, str] | None = None,
-        context: TrustedContext | None = None,
-        wait: float | None = None,
-    ) -> GroupAnswer:
-        return await self.client.resume_group(group_id, approval_tokens=approval_tokens, wait=wait)
-
-    async def approve(self, request: PendingApproval, context: TrustedContext) -> Decision:
-        return await self.client.approve(request, context)  # the token decides
-
-    async def deny(
-        self, request: PendingApproval, context: TrustedContext, reason: str
-    ) -> Decision:
-        return await self.client.deny(request, context, reason)
 
 
 def group_caller(client: object) -> GroupCaller | None:
     """``client`` as a :class:`GroupCaller`, or None if it runs no groups (a bare
     ``LedgerClient``, any other ``Caller``, or a client whose ``runs_groups`` is False: the
     adapters then call one by one)."""
-    if isinstance(client, HttpLedgerClient):  # before the structural check: no ``context``
-        return _TokenGroups(client)
     if not isinstance(client, GroupCaller):
         return None
     # ``toolledger.Ledger.kafka`` without ``postgres=`` has run_group but runs no groups
@@ -196,13 +129,6 @@ def group_step_id(tool: str, ordinal: int) -> str:
     if _STEP_ID.fullmatch(step_id):
         return step_id
     return f"t{hashlib.sha256(tool.encode('utf-8')).hexdigest()[:24]}-{ordinal}"
-
-
-def group_step_key(group_key: str, step_id: str) -> str:
-    """The idempotency key the group gives a step's call. It is the ledger's own derivation
-    (``processors.groups.step_key``, which producers may not import; a test checks they
-    agree), and it is only used after checking that it names the call the view shows."""
-    return derive_idempotency_key(group_key, f"step:{step_id}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,3 +138,21 @@ async def test_a_front_door_takes_over_the_groups_of_a_peer_that_is_gone(
             assert time.monotonic() < deadline, view
             await asyncio.sleep(0.1)
         assert await submissions(dsn, key) == 1
+
+
+async def test_a_group_sent_again_to_a_survivor_is_taken_over_and_answered(
+    services: Services,
+) -> None:
+    """No periodic takeover here: the replay of the submission itself takes the group over,
+    and its answer follows the group the survivor now drives to its end."""
+    dsn = await services.fresh_database()
+    facts = tools()
+    key = f"doors-{uuid.uuid4().hex}"
+    async with front_door(dsn, succeed, facts, takeover_interval_s=None) as survivor:
+        async with front_door(dsn, hang, facts) as doomed:
+            started = await submit(doomed, key, "sent again", wait_s=0.2)
+            assert started.view is not None and started.view.status == "RUNNING", started
+        again = await submit(survivor, key, "sent again", wait_s=15)
+        assert again.replayed and again.view is not None, again
+        assert again.view.status == "SUCCEEDED", again.view
+        assert await submissions(dsn, key) == 1

@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension
 from mcp.client.streamable_http import streamable_http_client
 
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
@@ -184,11 +185,15 @@ def http_server_process(deploy: Deployment, *options: str) -> Iterator[Deploymen
 
 
 @contextlib.asynccontextmanager
-async def http_client(url: str, token: str, mode: str) -> AsyncIterator[Client]:
+async def http_client(
+    url: str, token: str, mode: str = "auto", extensions: Sequence[ClientExtension] = ()
+) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
-        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+        Client(
+            streamable_http_client(url, http_client=http), mode=mode, extensions=list(extensions)
+        ) as client,
     ):
         yield client
 

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict
 
@@ -38,6 +36,7 @@ from tests.mcp.common import (
     body,
     deployment,
     embedded,
+    http_client,
     http_server_process,
     new_key,
 )
@@ -246,7 +245,7 @@ async def check_tasks_over_http(url: str, acme: str, globex: str) -> str:
     --transport http`` at ``url``: the wiring hands the server its ledger's projection, each
     request is authenticated, another tenant's token does not find the task (``Mcp-Name``
     carries the task id, as the extension asks). The finished job's key."""
-    async with tasks_client(url, acme) as client:
+    async with http_client(url, acme, extensions=[Tasks()]) as client:
         key = new_key()
         handle = await start(client, {"delay_ms": 300, "idempotency_key": key})
         assert isinstance(handle, TaskHandle), handle
@@ -257,7 +256,7 @@ async def check_tasks_over_http(url: str, acme: str, globex: str) -> str:
         assert body(types.CallToolResult.model_validate(done["result"]))["ok"] is True
         slow = await start(client, {**SLOW, "idempotency_key": new_key()})
         assert isinstance(slow, TaskHandle)
-        async with tasks_client(url, globex) as other:
+        async with http_client(url, globex, extensions=[Tasks()]) as other:
             with pytest.raises(MCPError):
                 await get_task(other, slow.task_id)
         await cancel_task(client, slow.task_id)
@@ -289,16 +288,6 @@ async def test_tasks_over_streamable_http_on_kafka_and_postgres(kafka_mcp: Serve
     url = f"{kafka_mcp.base_url}/mcp"
     key = await check_tasks_over_http(url, HTTP_ACME.token, HTTP_GLOBEX.token)
     assert kafka_mcp.effects("acme", "export_tickets", key) == 1
-
-
-@contextlib.asynccontextmanager
-async def tasks_client(url: str, token: str) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
-        Client(streamable_http_client(url, http_client=http), extensions=[Tasks()]) as client,
-    ):
-        yield client
 
 
 async def test_cancelling_needs_the_call_scope(tmp_path: Path) -> None:
