@@ -574,9 +574,17 @@ def _decide_approval(cmd: DecideApproval) -> Decision:
     if approval is None or approval.args_digest != env.args_digest:
         return _approval_invalid(ctx, now, "There is no such approval request for this call.")
     if approval.status is not ApprovalStatus.PENDING:
-        return _approval_invalid(ctx, now, f"The approval request is {approval.status.value}.")
+        # worded as the front doors' own check of the projection says it: when the projection
+        # lags a first decision, a second one reaches this check, and the caller reads the same
+        return _approval_invalid(
+            ctx,
+            now,
+            f"The approval request is {approval.status.value}: it cannot be decided again.",
+        )
     if now >= approval.expires_at:
-        return _approval_invalid(ctx, now, "The approval request has expired.")
+        return _approval_invalid(
+            ctx, now, "The approval request is expired: it cannot be decided again."
+        )
     kind = "approval-granted" if isinstance(decision, ApprovalGranted) else "approval-denied"
     return Decision((decision.model_copy(update={"envelope": ctx.envelope(_eid(ctx, kind), now)}),))
 
