@@ -4,12 +4,15 @@ A group is driven by one front door at a time: :meth:`PostgresGroupLog.claim` ta
 session-level advisory lock on the group id on a connection this log keeps open, so another
 front door (or one started after a crash, once the old session is gone) drives it only when
 the first no longer can.
+
+``group_log`` is also the outbox of the groups topic (:mod:`projections.group_relay`);
+``on_append`` tells the relay of each append.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -33,9 +36,16 @@ _LOCK_CLASS = 0x7467  # "tg": the advisory lock class of group claims
 
 
 class PostgresGroupLog:
-    def __init__(self, projection: PostgresProjection, dsn: str) -> None:
+    def __init__(
+        self,
+        projection: PostgresProjection,
+        dsn: str,
+        *,
+        on_append: Callable[[], None] = lambda: None,
+    ) -> None:
         self._projection = projection
         self._dsn = dsn
+        self._on_append = on_append
         self._claims: psycopg.AsyncConnection[Any] | None = None
 
     async def open(self) -> None:
@@ -57,6 +67,7 @@ class PostgresGroupLog:
         async with self._projection._transaction("append group events") as conn:
             for sql, params in appended(POSTGRES, meta, events, view):
                 await conn.execute(sql.encode(), params)
+        self._on_append()
 
     async def load(self, group_id: str) -> tuple[GroupMeta, list[str]] | None:
         async with self._projection._transaction("read a group") as conn:

@@ -24,7 +24,8 @@ class Position:
 @dataclass(frozen=True, slots=True)
 class Topics:
     """``intents``, ``outcomes``, ``state`` (compacted) and ``dead-letters``, co-partitioned:
-    the same call key maps to the same partition number in each of them."""
+    the same call key maps to the same partition number in each of them; and ``groups``, the
+    call groups' events, partitioned by group id (Kafka + PostgreSQL backend)."""
 
     prefix: str = "toolledger."
     partitions: int = 4
@@ -44,6 +45,10 @@ class Topics:
     @property
     def dead_letters(self) -> str:
         return f"{self.prefix}dead-letters"
+
+    @property
+    def groups(self) -> str:
+        return f"{self.prefix}groups"
 
     @property
     def executor_group(self) -> str:

@@ -242,7 +242,8 @@ def topics(
     ] = "forever",
 ) -> None:
     """Create the Kafka topics if missing and set each one's config: intents with time
-    retention, outcomes as told, state compacted (expired keys' tombstones shrink it)."""
+    retention, outcomes as told, state compacted (expired keys' tombstones shrink it), groups
+    with the intents' retention (a group's events carry its steps' literal arguments)."""
     _require("kafka", what="toolledger topics")
     from schemas.topics import Topics
     from toolledger.kafka_admin import apply_topic_configs, ensure_topics, topic_configs

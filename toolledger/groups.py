@@ -1,10 +1,13 @@
-"""Wiring of call groups on the embedded backend: the orchestrator in this process, its log
-and read model in the ledger file, its steps through the ledger client."""
+"""Wiring of call groups: the orchestrator, its log and read model (the ledger file on the
+embedded backend; PostgreSQL, with the groups topic fed from it, on Kafka + PostgreSQL), its
+steps through the ledger client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from processors.runtime.group_runner import (
     STEP_WAIT_S,
@@ -21,6 +24,10 @@ from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
 from projections.groups import SqliteGroupLog
 from schemas.events import ApprovalRequested
+
+if TYPE_CHECKING:
+    from projections.postgres import PostgresProjection
+    from schemas.topics import Topics
 
 
 def step_caller(client: Caller) -> StepCaller:
@@ -67,3 +74,28 @@ def embedded_groups(
     """Groups in the ledger file: the executor's process drives them (it holds the lock)."""
     group_log = SqliteGroupLog(log.conn)
     return ledger_groups(group_log, group_log, client, registry)
+
+
+async def postgres_groups(
+    stack: contextlib.AsyncExitStack,
+    projection: PostgresProjection,
+    dsn: str,
+    kafka: str,
+    topics: Topics,
+    client: Caller,
+    registry: Callable[[], ToolRegistry],
+) -> GroupRunner:
+    """Groups on Kafka + PostgreSQL, started, their stops pushed on ``stack``: the log in
+    PostgreSQL (claimed per group, so several front doors may run this), published to the
+    groups topic by a relay (one front door's at a time)."""
+    from projections.group_relay import GroupEventRelay
+    from projections.postgres_groups import PostgresGroupLog
+
+    relay = await stack.enter_async_context(GroupEventRelay(dsn, kafka, topics))
+    group_log = PostgresGroupLog(projection, dsn, on_append=relay.wake)
+    await group_log.open()
+    stack.push_async_callback(group_log.close)
+    groups = ledger_groups(group_log, group_log, client, registry)
+    await groups.start()  # drives the unfinished groups no other front door claims
+    stack.push_async_callback(groups.stop)
+    return groups

@@ -6,6 +6,8 @@ and sets the configs each topic's role needs (:func:`apply_topic_configs`):
 * outcomes: the audit trail and the projections' source; forever unless told otherwise.
 * state: compacted, so an expired key's tombstone removes it; a takeover reads only live keys.
 * dead letters: forever (they point at intents by offset and digest, never carry raw data).
+* groups: the call groups' events (projections.group_relay). A submission carries its steps'
+  literal arguments, so this topic has the intents' retention.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def topic_configs(
             "delete.retention.ms": str(STATE_TOMBSTONE_RETENTION_MS),
         },
         topics.dead_letters: {"cleanup.policy": "delete", "retention.ms": str(FOREVER_MS)},
+        topics.groups: {"cleanup.policy": "delete", "retention.ms": str(intents_retention_ms)},
     }
 
 
@@ -108,7 +111,7 @@ async def ensure_topics(
             if wrong:
                 raise RuntimeError(
                     f"topics {wrong} do not have {topics.partitions} partitions: intents, "
-                    "outcomes, state and dead letters must be co-partitioned"
+                    "outcomes, state, dead letters and groups must be co-partitioned"
                 )
             if all(counts.values()) and all(
                 p["leader"] >= 0 and not p["error_code"] for t in described for p in t["partitions"]

@@ -144,20 +144,24 @@ class _Kafka:
     async def _open_groups(
         self, client: LedgerClient, dsn: str, registry: ToolRegistry
     ) -> GroupRunner:
-        """The group orchestrator as ``toolledger serve`` runs it on this backend: its log in
-        PostgreSQL, claimed per group (advisory locks), so several processes may run it."""
+        """The group orchestrator as ``toolledger serve`` runs it on this backend
+        (:func:`toolledger.groups.postgres_groups`)."""
         from projections.postgres import PostgresProjection, migrate
-        from projections.postgres_groups import PostgresGroupLog
-        from toolledger.groups import ledger_groups
+        from toolledger.groups import postgres_groups
+        from toolledger.kafka_admin import ensure_topics
 
         await migrate(dsn)
+        await ensure_topics(self.transport.bootstrap, self.transport.topics)  # the groups topic
         projection = await self._stack.enter_async_context(PostgresProjection(dsn))
-        group_log = PostgresGroupLog(projection, dsn)
-        await group_log.open()
-        self._stack.push_async_callback(group_log.close)
-        groups = ledger_groups(group_log, group_log, client, lambda: registry)
-        await groups.start()
-        self._stack.push_async_callback(groups.stop)
+        groups = await postgres_groups(
+            self._stack,
+            projection,
+            dsn,
+            self.transport.bootstrap,
+            self.transport.topics,
+            client,
+            lambda: registry,
+        )
         return groups
 
     async def close(self, failed: bool) -> None:

@@ -222,8 +222,7 @@ async def distributed_door(
     from producers.kafka_intents import KafkaIntentLookup
     from projections.audit_retention import prune_postgres
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
-    from projections.postgres_groups import PostgresGroupLog
-    from toolledger.groups import ledger_groups
+    from toolledger.groups import postgres_groups
     from toolledger.kafka_admin import ensure_topics
 
     door = security.build(registry)
@@ -232,12 +231,13 @@ async def distributed_door(
     transport = KafkaTransport(kafka, topics)
     await transport.start()
     try:
-        async with PostgresProjection(postgres) as projection:
+        async with contextlib.AsyncExitStack() as stack:
+            projection = await stack.enter_async_context(PostgresProjection(postgres))
             calls = PostgresCalls(projection)
-            group_log = PostgresGroupLog(projection, postgres)
-            await group_log.open()
             client = LedgerClient(transport)
-            groups = ledger_groups(group_log, group_log, client, lambda: registry)
+            groups = await postgres_groups(
+                stack, projection, postgres, kafka, topics, client, lambda: registry
+            )
 
             async def ready() -> dict[str, bool]:
                 try:
@@ -253,17 +253,12 @@ async def distributed_door(
             front = door(client, calls, ready)
             front.groups = groups
             front.intents = KafkaIntentLookup(kafka, topics)
-            await groups.start()  # drives the unfinished groups no other front door claims
 
             async def prune(cutoff: datetime) -> int:
                 return await prune_postgres(postgres, cutoff)
 
-            try:
-                async with keep_audit(prune, audit_retention):
-                    yield front
-            finally:
-                await groups.stop()
-                await group_log.close()
+            async with keep_audit(prune, audit_retention):
+                yield front
     finally:
         await transport.stop()
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from schemas.topics import Topics
 from tests.over_http import over_http
 from tests.services import Services
 from toolledger import Compensation, Ledger, Registry, ToolContext, ToolError, TrustedContext
@@ -64,26 +65,35 @@ STEPS = [
 
 
 @contextlib.asynccontextmanager
-async def _on_kafka(registry: Registry, services: Services) -> AsyncIterator[Ledger]:
+async def on_kafka(
+    registry: Registry, services: Services, topics: Topics | None = None, dsn: str | None = None
+) -> AsyncIterator[Ledger]:
     """``Ledger.kafka`` with ``postgres=``: the groups' log in PostgreSQL, the steps executed
     by a Kafka executor (in this process, with the same tools)."""
     from processors.pipeline import Stages
     from processors.runtime.kafka import KafkaExecutor
     from processors.tools.redaction import Redactor
-    from schemas.topics import Topics
     from toolledger.kafka_admin import ensure_topics
 
-    prefix = f"g{uuid.uuid4().hex[:10]}."
-    await ensure_topics(services.kafka, Topics(prefix, 4))
-    dsn = await services.fresh_database()
+    topics = topics or Topics(f"g{uuid.uuid4().hex[:10]}.", 4)
+    prefix = topics.prefix
+    await ensure_topics(services.kafka, topics)
+    dsn = dsn or await services.fresh_database()
     executor = KafkaExecutor(
-        services.kafka, Topics(prefix, 4), Stages(registry, Redactor(b"k" * 32)),
+        services.kafka, topics, Stages(registry, Redactor(b"k" * 32)),
         session_timeout_ms=15000, sweep_interval_s=0.1,
     )  # fmt: skip
     await executor.start()
     try:
         await executor.assigned.wait()
-        ledger = Ledger.kafka(services.kafka, registry, prefix=prefix, postgres=dsn, context=ALICE)
+        ledger = Ledger.kafka(
+            services.kafka,
+            registry,
+            prefix=prefix,
+            partitions=topics.partitions,
+            postgres=dsn,
+            context=ALICE,
+        )
         async with ledger:
             yield ledger
     finally:
@@ -96,7 +106,7 @@ async def run(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[A
     registry = _registry(effects)
     if request.param == "kafka":
         services: Services = request.getfixturevalue("services")
-        async with _on_kafka(registry, services) as ledger:
+        async with on_kafka(registry, services) as ledger:
             yield ledger, effects
         return
     if request.param == "embedded":
