@@ -161,10 +161,12 @@ from producers.approvals import (
 from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
 from producers.http.auth import Authenticator, AuthFailure
+from producers.mcp_groups import GROUP_TOOLS, McpGroups
 from producers.mcp_tasks import McpTasks
 from schemas.calls import CallQueries
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import ApprovalRequested
+from schemas.groups import GroupService
 from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
 
 log = logging.getLogger("toolledger.mcp")
@@ -204,6 +206,10 @@ _APPROVAL_DESCRIPTION = (
     "for that approval request. Send it with the same idempotency_key and arguments. Omit "
     "it otherwise; it is not one of the tool's arguments."
 )
+
+# how long toolledger_run_group and toolledger_resume_group wait for the group to finish or
+# block before they answer it RUNNING (it goes on; toolledger_get_group follows it)
+DEFAULT_GROUP_WAIT_S = 20.0
 
 _INSTRUCTIONS = (
     "Every tool that changes something takes a required idempotency_key. Use one key per "
@@ -677,6 +683,8 @@ class LedgerMcpServer:
     by elicitation (default: in-process, through ``client``). With ``queries`` (the ledger's
     call projection), long-running tools answer clients that declare MCP's Tasks extension
     with a task handle and serve ``tasks/get`` and ``tasks/cancel`` (:mod:`producers.mcp_tasks`).
+    With ``groups`` (the backend's group orchestrator), call groups are three more tools
+    (:mod:`producers.mcp_groups`).
     """
 
     def __init__(
@@ -690,6 +698,7 @@ class LedgerMcpServer:
         queued: QueuedFor | None = None,
         approvals: Approvals | None = None,
         queries: CallQueries | None = None,
+        groups: GroupService | None = None,
         name: str = "toolledger",
         version: str = "0.1.0",
     ) -> None:
@@ -701,6 +710,15 @@ class LedgerMcpServer:
         self.queued = queued
         self.approvals = approvals or LedgerApprovals(client)
         self.listing = [mcp_tool(spec) for spec in self.tools.values()]
+        self.groups: McpGroups | None = None
+        if groups is not None:
+            taken = sorted(set(GROUP_TOOLS) & set(self.tools))
+            if taken:
+                raise ValueError(f"tools named {taken} clash with the MCP server's group tools")
+            self.groups = McpGroups(
+                groups, key_schema(), DEFAULT_GROUP_WAIT_S if wait_s is None else wait_s
+            )
+            self.listing += self.groups.listing
         self._schemas = {tool.name: tool.input_schema for tool in self.listing}
         self.server: Server[Any] = Server(
             name,
@@ -733,6 +751,8 @@ class LedgerMcpServer:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         spec = self.tools.get(params.name)
+        if spec is None and self.groups is not None and params.name in GROUP_TOOLS:
+            return await self._group_tool(ctx, params)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         sent = dict(params.arguments or {})
@@ -792,6 +812,25 @@ class LedgerMcpServer:
         if params_key is not None and spec.keyed:
             raise_idempotency_error(result, params_key)
         return _tool_result(result)
+
+    async def _group_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        assert self.groups is not None
+        context = session_context(ctx, self.fixed_context)
+        if context is None:
+            return _tool_result(
+                refusal(ErrorCode.UNAUTHENTICATED, "This session is not authenticated.")
+            )
+        try:
+            return await self.groups.call(
+                params.name, params.arguments or {}, context, request_idempotency_key(ctx.params)
+            )
+        except MCPError:
+            raise
+        except Exception:  # never a stack trace to the caller; the same key is safe
+            log.exception("mcp group call failed", extra={"tool": params.name})
+            return _tool_result(refusal(ErrorCode.INTERNAL, "The ledger could not answer this."))
 
     async def _ask(
         self,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,3 +89,26 @@ class GroupAnswer:
     replayed: bool = False
     error: ErrorInfo | None = None
     field_errors: tuple[FieldError, ...] = field(default=())
+
+
+class GroupService(Protocol):
+    """Call groups, as the composition root runs them for a backend."""
+
+    async def submit(
+        self,
+        *,
+        tenant_id: str,
+        principal: str,
+        scopes: Sequence[str],
+        group_key: str,
+        body: Any,
+        wait_s: float,
+    ) -> GroupAnswer: ...
+
+    async def resume(
+        self, tenant_id: str, group_id: str, tokens: Mapping[str, str], wait_s: float
+    ) -> GroupAnswer: ...
+
+    async def view(self, tenant_id: str, group_id: str) -> GroupView | None: ...
+
+    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...

@@ -63,7 +63,7 @@ def ledger_groups(
     client: Caller,
     registry: Callable[[], ToolRegistry],
 ) -> GroupRunner:
-    """The front door's :class:`producers.http.door.GroupService`: the orchestrator over a
+    """The front door's :class:`schemas.groups.GroupService`: the orchestrator over a
     group log, its steps through ``client``, the tools as the registry has them."""
     return GroupRunner(group_log, reads, step_caller(client), lambda: step_tools(registry()))
 

@@ -108,6 +108,7 @@ def mcp_server(
         admit=admission(door),
         queued=queued_probes(door),
         queries=door.queries,
+        groups=door.groups,
     )
 
 

@@ -60,7 +60,7 @@ from processors.groups import (
     parse_group,
     resumable,
 )
-from processors.groups.codec import GroupDecodeError, decode_event, encode_event
+from processors.groups.codec import GroupDecodeError, appended_at, decode_event, encode_event
 from processors.groups.views import GroupMeta, group_view
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.groups import GroupAnswer, GroupView, group_id_for
@@ -127,6 +127,7 @@ Start = StartStep | StartCompensation
 class _Group:
     meta: GroupMeta
     state: GroupState
+    updated_at: datetime  # when its last event was appended: the resource's updated_at
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     tokens: dict[str, str] = field(default_factory=dict)  # step id -> approval token
     task: asyncio.Task[None] | None = None
@@ -195,7 +196,7 @@ class GroupRunner:
                 return GroupAnswer(await self._wait(group, wait_s), replayed=True)
             now = self._clock()
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
-            group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)))
+            group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)), now)
             submitted = encode_event(GroupSubmitted(group_key, definition), at=now)
             await self._log.append(meta, [submitted], group_view(meta, group.state, now))
             self._groups[group_id] = group
@@ -323,10 +324,10 @@ class GroupRunner:
             return None
         state = fold(events)
         assert state is not None
-        return _Group(meta, state)
+        return _Group(meta, state, appended_at(texts[-1]) or meta.created_at)
 
     def _view(self, group: _Group) -> GroupView:
-        return group_view(group.meta, group.state, self._clock())
+        return group_view(group.meta, group.state, group.updated_at)
 
     async def _advance(
         self, group: _Group, answered: Sequence[GroupEvent], *, decide_next: bool = True
@@ -347,6 +348,7 @@ class GroupRunner:
                 stored = [encode_event(e, at=now) for e in events]
                 await self._log.append(group.meta, stored, view)
                 group.state = state
+                group.updated_at = now
         await _notify(group.changed)
         return actions
 

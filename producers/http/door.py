@@ -3,7 +3,7 @@ the dependency every route reaches it through (``app.state.door``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Protocol
@@ -19,7 +19,7 @@ from producers.http.jwt_auth import JwtAuthenticator
 from producers.http.metrics import Metrics
 from producers.http.ratelimit import RateLimiter
 from schemas.calls import CallQueries
-from schemas.groups import GroupAnswer, GroupView
+from schemas.groups import GroupService
 
 
 def _no_digest(_arguments: Any) -> str | None:
@@ -41,29 +41,6 @@ class IntentArguments(Protocol):
     async def arguments(self, call_key: str, around: datetime) -> list[str]:
         """The ``arguments_json`` of the call key's intents appended near ``around``, newest
         first (empty once the intents' retention dropped them)."""
-
-
-class GroupService(Protocol):
-    """Call groups, as the composition root runs them for a backend."""
-
-    async def submit(
-        self,
-        *,
-        tenant_id: str,
-        principal: str,
-        scopes: Sequence[str],
-        group_key: str,
-        body: Any,
-        wait_s: float,
-    ) -> GroupAnswer: ...
-
-    async def resume(
-        self, tenant_id: str, group_id: str, tokens: Mapping[str, str], wait_s: float
-    ) -> GroupAnswer: ...
-
-    async def view(self, tenant_id: str, group_id: str) -> GroupView | None: ...
-
-    async def search(self, tenant_id: str, run_id: str | None, limit: int) -> list[GroupView]: ...
 
 
 @dataclass

@@ -23,6 +23,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
+from producers.mcp_groups import GROUP_TOOLS
 from producers.mcp_server import LedgerMcpServer, mcp_input_schema
 from tests.mcp.common import (
     ACME,
@@ -58,7 +59,8 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment
 
 async def check_listing(client: Client) -> None:
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == KEYED | {"list_tickets"}
+    # the ledger's tools, and the call groups' (this backend runs groups)
+    assert set(tools) == KEYED | {"list_tickets"} | set(GROUP_TOOLS)
     for name in KEYED:
         tool = tools[name]
         schema = tool.input_schema

@@ -115,6 +115,36 @@ async def test_replay_rebuilds_the_group_read_model_as_it_was(tmp_path: Path) ->
     assert again.returncode == 0 and read_model(ledger_file) == written
 
 
+async def test_a_groups_updated_at_is_its_last_events_time_not_the_time_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """The resource the runner serves (driven here, or loaded after a restart) and the stored
+    read model agree: ``updated_at`` is when the group's last event was appended."""
+    store = HelpdeskStore(tmp_path / "helpdesk.db")
+    try:
+        async with EmbeddedLedger(
+            tmp_path / "ledger.db", helpdesk_registry(store), create=True
+        ) as led:
+            assert led.groups is not None
+            ids = await submit_both(led.groups)
+            served = [await led.groups.view("acme", group_id) for group_id in ids]
+            assert served == [await led.groups.view("acme", group_id) for group_id in ids]
+        async with EmbeddedLedger(tmp_path / "ledger.db", helpdesk_registry(store)) as led:
+            assert led.groups is not None
+            reloaded = [await led.groups.view("acme", group_id) for group_id in ids]
+    finally:
+        store.close()
+    assert reloaded == served
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        last = {
+            group_id: appended_at(text)
+            for group_id, text in conn.execute(
+                "SELECT group_id, event_json FROM group_log ORDER BY seq"
+            )
+        }
+    assert [v.updated_at if v else None for v in served] == [last[i] for i in ids]
+
+
 async def test_a_group_whose_tools_are_gone_is_reported_and_left_out(tmp_path: Path) -> None:
     await run_groups(tmp_path)
     with sqlite3.connect(tmp_path / "ledger.db") as conn:  # as if a tool were renamed since

@@ -10,8 +10,9 @@ from fastapi.responses import Response
 
 from producers.http.console.guard import PREFIX, ConsoleRoute, Refused, Signed
 from producers.http.console.pages import render
-from producers.http.door import FrontDoor, GroupService
+from producers.http.door import FrontDoor
 from producers.http.routes.groups import GROUP_ID
+from schemas.groups import GroupService
 
 PAGE = 50
 

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from producers.http.access import Caller
 from producers.http.call_input import required_key
-from producers.http.door import Door, FrontDoor, GroupService
+from producers.http.door import Door, FrontDoor
 from producers.http.errors import ProblemError, not_found, refused
 from producers.http.headers import JsonBodyError, strict_json, wait_seconds
 from producers.http.models import NO_CONTROL
@@ -20,7 +20,7 @@ from producers.http.openapi import ERRORS
 from producers.http.problems import problem
 from producers.http.responses import JSON, read_capped
 from schemas.errors import ErrorCode
-from schemas.groups import GroupAnswer, GroupView
+from schemas.groups import GroupAnswer, GroupService, GroupView
 
 GROUP_ID = re.compile(r"grp_[0-9a-f]{32}")
 MAX_GROUP_BODY_BYTES = 4 << 20
