@@ -27,11 +27,12 @@ from projections.rows import (
     fold_new_events,
 )
 from schemas.events import Event
+from schemas.keys import call_id_of
 
 DDL = """
 CREATE TABLE IF NOT EXISTS tool_calls (
     call_id TEXT PRIMARY KEY,
-    call_key TEXT NOT NULL UNIQUE,
+    call_key TEXT NOT NULL,
     tenant_id TEXT NOT NULL,
     tool_name TEXT NOT NULL,
     tool_version TEXT NOT NULL,
@@ -73,8 +74,6 @@ CREATE TABLE IF NOT EXISTS tool_call_events (
     payload_json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tool_call_events_by_call ON tool_call_events (call_id, seq);
-CREATE INDEX IF NOT EXISTS tool_call_events_by_key
-    ON tool_call_events (tenant_id, tool_name, idempotency_key);
 """
 
 
@@ -159,8 +158,13 @@ _INSERT_EVENT = (
 _UPSERT_CALL = (
     f"INSERT INTO tool_calls ({', '.join(CALL_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in CALL_COLUMNS)}) "
-    "ON CONFLICT (call_key) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in CALL_COLUMNS if c not in ("call_id", "call_key"))
+    # the key's unique constraint: (tenant, tool, key) is what call_key and call_id derive from
+    "ON CONFLICT (tenant_id, tool_name, idempotency_key) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = excluded.{c}"
+        for c in CALL_COLUMNS
+        if c not in ("call_id", "call_key", "tenant_id", "tool_name", "idempotency_key")
+    )
 )
 
 
@@ -188,14 +192,14 @@ def apply(
         _mark_expired(conn, [e for e, _ in events])
         return
     new = [e for e, p in events if conn.execute(_INSERT_EVENT, _sqlite(event_row(e, p))).rowcount]
-    keys = sorted({e.call_key for e in new})
+    ids = sorted({call_id_of(e.call_key) for e in new})
     stored: dict[str, CallState] = {}
-    for start in range(0, len(keys), 500):  # SQLite's parameter limit
-        chunk = keys[start : start + 500]
+    for start in range(0, len(ids), 500):  # SQLite's parameter limit
+        chunk = ids[start : start + 500]
         marks = ", ".join("?" * len(chunk))
         for key, state_json in conn.execute(
             # an expired key's row keeps its last call for support, but the key is new again
-            f"SELECT call_key, state_json FROM tool_calls WHERE call_key IN ({marks}) "
+            f"SELECT call_key, state_json FROM tool_calls WHERE call_id IN ({marks}) "
             "AND expired_at IS NULL",
             chunk,
         ):
@@ -209,17 +213,20 @@ def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
     expired = expiries(events)
     if expired:
         conn.executemany(
-            "UPDATE tool_calls SET expired_at = ? WHERE call_key = ?",
-            [(when.isoformat(), key) for key, when in expired],
+            "UPDATE tool_calls SET expired_at = ? WHERE call_id = ?",
+            [(when.isoformat(), call_id_of(key)) for key, when in expired],
         )
 
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Columns added since a ledger file was made (CREATE TABLE IF NOT EXISTS keeps the old
-    table): ``tool_calls.expired_at``."""
+    table): ``tool_calls.expired_at``; and the index dropped since."""
     columns = {r[1] for r in conn.execute("PRAGMA table_info(tool_calls)")}
     if "expired_at" not in columns:
         conn.execute("ALTER TABLE tool_calls ADD COLUMN expired_at TEXT")
+    # no query reads the events by key (a key's calls are found in tool_calls, its events by
+    # call id): the index only cost two writes per call and 5% of the file
+    conn.execute("DROP INDEX IF EXISTS tool_call_events_by_key")
 
 
 class SqliteProjection:

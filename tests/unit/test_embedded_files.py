@@ -131,3 +131,50 @@ def test_pruning_deletes_only_processed_intents_past_their_retention(tmp_path: P
         assert log.append(INTENTS, [(0, b"k", b"next")]) == [5]
     finally:
         log.close()
+
+
+async def test_a_file_with_the_earlier_call_indexes_is_served_and_its_unused_index_dropped(
+    tmp_path: Path,
+) -> None:
+    """Files made before the projection dropped its unused indexes: ``tool_calls`` with a
+    unique ``call_key`` too (a table constraint, kept) and ``tool_call_events_by_key``
+    (dropped at open). Calls, replays and the call's row work as on a new file."""
+    from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+    from toolledger import Ledger, TrustedContext
+
+    path = tmp_path / "ledger.db"
+    store = HelpdeskStore(tmp_path / "helpdesk.db")
+    agent = TrustedContext("acme", "agent-a")
+    args = {"title": "kept"}
+    try:
+        async with Ledger.embedded(path, helpdesk_registry(store), context=agent) as ledger:
+            first = await ledger.call("create_ticket", args, idempotency_key="k-1")
+        with sqlite3.connect(path) as conn:  # back to the earlier schema, rows kept
+            (old,) = conn.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'tool_calls'"
+            ).fetchone()
+            earlier = old.replace("call_key TEXT NOT NULL,", "call_key TEXT NOT NULL UNIQUE,")
+            assert earlier != old
+            conn.execute("ALTER TABLE tool_calls RENAME TO tool_calls_new")
+            conn.execute(earlier)
+            conn.execute("INSERT INTO tool_calls SELECT * FROM tool_calls_new")
+            conn.execute("DROP TABLE tool_calls_new")
+            conn.execute(
+                "CREATE INDEX tool_call_events_by_key"
+                " ON tool_call_events (tenant_id, tool_name, idempotency_key)"
+            )
+        async with Ledger.embedded(path, helpdesk_registry(store), context=agent) as ledger:
+            again = await ledger.call("create_ticket", args, idempotency_key="k-1")
+            other = await ledger.call("create_ticket", {"title": "new"}, idempotency_key="k-2")
+            assert again.replayed and again.result == first.result
+            assert other.ok and not other.replayed
+        with sqlite3.connect(path) as conn:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            rows = conn.execute(
+                "SELECT idempotency_key, status FROM tool_calls ORDER BY idempotency_key"
+            ).fetchall()
+        assert "tool_call_events_by_key" not in names
+        assert rows == [("k-1", "SUCCEEDED"), ("k-2", "SUCCEEDED")]
+        assert store.effect_count("acme", "create_ticket", "k-1") == 1
+    finally:
+        store.close()
