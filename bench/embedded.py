@@ -358,8 +358,13 @@ def run_raw(
     columns = list(sample.call_row)
     upsert_call = (
         f"INSERT INTO tool_calls ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        " ON CONFLICT (call_key) DO UPDATE SET "
-        + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in ("call_id", "call_key"))
+        # the projection's own conflict target (projections/sqlite.py)
+        " ON CONFLICT (tenant_id, tool_name, idempotency_key) DO UPDATE SET "
+        + ", ".join(
+            f"{c} = excluded.{c}"
+            for c in columns
+            if c not in ("call_id", "call_key", "tenant_id", "tool_name", "idempotency_key")
+        )
     )
     sets = raw_sets(sample, warmup + n, "r")
     task = progress.add_task(label, total=n + warmup, rate="warming up")
