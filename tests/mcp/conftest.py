@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+from tests.http.servers import Server, start_distributed
+from tests.services import Services
 
 
 @pytest.fixture(params=["auto", "legacy"], ids=["per-request", "handshake"])
@@ -11,3 +17,14 @@ def mode(request: pytest.FixtureRequest) -> str:
     ``auto``) or the initialize handshake with a stateful session (``legacy``)."""
     value: str = request.param
     return value
+
+
+@pytest.fixture
+def kafka_mcp(tmp_path: Path, services: Services) -> Iterator[Server]:
+    """``toolledger mcp --transport http`` on Kafka + PostgreSQL, with its executor and
+    projector."""
+    front = start_distributed(tmp_path, services, front="mcp")
+    try:
+        yield front
+    finally:
+        front.stop()

@@ -243,9 +243,7 @@ async def test_mcp_calls_pass_the_front_doors_refusals(tmp_path: Path) -> None:
     policy.write_text(json_module.dumps({"rate_limits": limits}))
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     security = Security(TokenStore([]), policy=policy)
-    async with embedded_door(
-        tmp_path, helpdesk_registry(store), security, create=True
-    ) as door:
+    async with embedded_door(tmp_path, helpdesk_registry(store), security, create=True) as door:
         server = mcp_server(door, fixed_context=ACME)
         async with Client(server.server) as client:
             keys = [new_key() for _ in range(3)]

@@ -9,7 +9,7 @@ PostgreSQL (``toolledger mcp`` with its executor and projector)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,8 @@ from producers.mcp_server import LedgerMcpServer
 from schemas.groups import compensation_key, step_key
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
-from tests.http.servers import Server, start_distributed
+from tests.http.servers import Server
 from tests.mcp.common import ACME, body, embedded, error_code, http_client, new_key
-from tests.services import Services
 from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
 
@@ -213,15 +212,6 @@ async def test_a_stopped_group_resumes_from_its_completion_point(tmp_path: Path)
         # the failed retryable step got a new round: more attempts than the first round's
         write = step_key(key, "write")
         assert store.effect_count("acme", "flaky_write", write) == 0  # it never took effect
-
-
-@pytest.fixture
-def kafka_mcp(tmp_path: Path, services: Services) -> Iterator[Server]:
-    front = start_distributed(tmp_path, services, front="mcp")
-    try:
-        yield front
-    finally:
-        front.stop()
 
 
 @pytest.mark.services

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +28,7 @@ from producers.mcp_tasks import TASKS_EXTENSION
 from projections.sqlite import SqliteCalls
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
-from tests.http.servers import Server, start_distributed
+from tests.http.servers import Server
 from tests.mcp.common import (
     ACME,
     ACME_TOKEN,
@@ -40,7 +40,6 @@ from tests.mcp.common import (
     http_server_process,
     new_key,
 )
-from tests.services import Services
 from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
 
@@ -268,17 +267,6 @@ async def test_tasks_over_streamable_http_on_the_embedded_backend(tmp_path: Path
     with http_server_process(deployment(tmp_path)) as deploy:
         key = await check_tasks_over_http(deploy.url, ACME_TOKEN, GLOBEX_TOKEN)
         assert deploy.effects("acme", "export_tickets", key) == 1
-
-
-@pytest.fixture
-def kafka_mcp(tmp_path: Path, services: Services) -> Iterator[Server]:
-    """``toolledger mcp --transport http`` on Kafka + PostgreSQL, with its executor and
-    projector."""
-    front = start_distributed(tmp_path, services, front="mcp")
-    try:
-        yield front
-    finally:
-        front.stop()
 
 
 @pytest.mark.services
