@@ -45,10 +45,29 @@ _RUN_DESCRIPTION = (
     "group: its status (RUNNING, BLOCKED, SUCCEEDED, FAILED, COMPENSATING, COMPENSATED, "
     f"NEEDS_ATTENTION) and each step's status, result and error; while it runs, follow it "
     f"with {GET_GROUP}. A step that needs approval blocks the group (its approval_request "
-    f"says who approves); once approved, call {RESUME_GROUP}. Replay: the same "
+    f"says who approves); once approved, call {RESUME_GROUP}.\nReplay: the same "
     "idempotency_key and steps return the stored group and run nothing again; the same key "
     "with other steps is refused (IDEMPOTENCY_KEY_REUSED)."
 )
+
+
+def _output_schema(error_schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``structuredContent`` of a group tool: the group, or a refusal (which may carry
+    the group too, e.g. GROUP_NOT_RESUMABLE)."""
+    return {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "replayed": {"type": "boolean"},
+            "group": {"type": "object"},
+            "error": dict(error_schema),
+        },
+        "required": ["ok"],
+        "anyOf": [
+            {"required": ["group", "replayed"]},
+            {"properties": {"ok": {"const": False}}, "required": ["error"]},
+        ],
+    }
 
 
 def _schemas(key_schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -104,36 +123,45 @@ class McpGroups:
         self,
         groups: GroupService,
         key_schema: Mapping[str, Any],
+        error_schema: Mapping[str, Any],
         wait_s: float,
     ) -> None:
+        """``key_schema`` and ``error_schema``: the ledger tools' own (producers.mcp_server)."""
         self._groups = groups
         self._wait_s = wait_s
         self.schemas = _schemas(key_schema)
+        output = _output_schema(error_schema)
+        changes = types.ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        )
         self.listing = [
             types.Tool(
                 name=RUN_GROUP,
                 description=_RUN_DESCRIPTION,
                 input_schema=self.schemas[RUN_GROUP],
-                annotations=types.ToolAnnotations(
-                    read_only_hint=False, destructive_hint=True, idempotent_hint=True
-                ),
+                output_schema=output,
+                annotations=changes,
+                meta={"toolledger.dev/effect": "group"},
             ),
             types.Tool(
                 name=GET_GROUP,
-                description="The group resource (status, steps, completion point). "
-                "Read-only: takes no idempotency key.",
+                description="The group resource (status, steps, completion point).\n"
+                "Replay: Read-only: takes no idempotency key and is never replayed.",
                 input_schema=self.schemas[GET_GROUP],
-                annotations=types.ToolAnnotations(read_only_hint=True),
+                output_schema=output,
+                annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                meta={"toolledger.dev/effect": "read_only"},
             ),
             types.Tool(
                 name=RESUME_GROUP,
                 description="Continue a BLOCKED or FAILED group from its completion point: "
-                "completed steps never run again, failed retryable steps get a new round. "
-                "Any other group is refused (GROUP_NOT_RESUMABLE).",
+                "completed steps never run again, failed retryable steps get a new round.\n"
+                "Replay: a group that runs or has finished is not resumed again "
+                "(GROUP_NOT_RESUMABLE); no step runs twice whichever way it is resumed.",
                 input_schema=self.schemas[RESUME_GROUP],
-                annotations=types.ToolAnnotations(
-                    read_only_hint=False, destructive_hint=True, idempotent_hint=True
-                ),
+                output_schema=output,
+                annotations=changes,
+                meta={"toolledger.dev/effect": "group"},
             ),
         ]
 

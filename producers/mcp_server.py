@@ -716,7 +716,10 @@ class LedgerMcpServer:
             if taken:
                 raise ValueError(f"tools named {taken} clash with the MCP server's group tools")
             self.groups = McpGroups(
-                groups, key_schema(), DEFAULT_GROUP_WAIT_S if wait_s is None else wait_s
+                groups,
+                key_schema(),
+                _ERROR_SCHEMA,
+                DEFAULT_GROUP_WAIT_S if wait_s is None else wait_s,
             )
             self.listing += self.groups.listing
         self._schemas = {tool.name: tool.input_schema for tool in self.listing}

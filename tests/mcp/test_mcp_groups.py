@@ -15,6 +15,7 @@ from typing import Any
 
 import mcp_types as types
 import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from mcp import Client
 
 from processors.toolsets.helpdesk import HelpdeskStore
@@ -81,6 +82,16 @@ async def servers(
             yield ledger, store, acme, globex
 
 
+async def conforming(client: Client, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    """The tool's result, checked against the outputSchema the listing gives it."""
+    listed = {t.name: t for t in (await client.list_tools()).tools}
+    schema = listed[name].output_schema
+    assert schema is not None
+    result = await client.call_tool(name, arguments)
+    Draft202012Validator(schema).validate(result.structured_content)
+    return result
+
+
 def group(result: types.CallToolResult) -> dict[str, Any]:
     parsed = body(result)
     assert "group" in parsed, parsed
@@ -98,6 +109,9 @@ async def test_the_group_tools_are_listed_with_their_schemas(tmp_path: Path) -> 
     assert "at most once" in (run.description or "")
     got = listed[GET_GROUP]
     assert got.annotations is not None and got.annotations.read_only_hint is True
+    for name in GROUP_TOOLS:  # as every tool: an outputSchema, the replay rule stated once
+        assert listed[name].output_schema is not None
+        assert (listed[name].description or "").count("Replay:") == 1, name
     # the ledger's own tools are still there
     assert {"create_ticket", "close_ticket", "flaky_write"} <= set(listed)
 
@@ -107,7 +121,7 @@ async def test_a_compensated_group_is_an_error_result_and_its_replay_runs_nothin
 ) -> None:
     async with servers(tmp_path) as (_ledger, store, acme, globex):
         key = new_key()
-        first = await acme.call_tool(RUN_GROUP, compensated(key))
+        first = await conforming(acme, RUN_GROUP, compensated(key))
         assert first.is_error
         view = group(first)
         assert view["status"] == "COMPENSATED", view
@@ -126,9 +140,10 @@ async def test_a_compensated_group_is_an_error_result_and_its_replay_runs_nothin
         assert store.effect_count("acme", "close_ticket", undone) == 1
 
         other = chain(key)
-        assert error_code(await acme.call_tool(RUN_GROUP, other)) == "IDEMPOTENCY_KEY_REUSED"
+        reused = await conforming(acme, RUN_GROUP, other)
+        assert error_code(reused) == "IDEMPOTENCY_KEY_REUSED"
 
-        read = await acme.call_tool(GET_GROUP, {"group_id": view["group_id"]})
+        read = await conforming(acme, GET_GROUP, {"group_id": view["group_id"]})
         assert group(read) == group(again)
         # another tenant's group is not found, whoever asks by id
         foreign = await globex.call_tool(GET_GROUP, {"group_id": view["group_id"]})
@@ -145,7 +160,7 @@ async def test_a_chain_succeeds_with_a_value_taken_from_an_earlier_step(tmp_path
         assert view["status"] == "SUCCEEDED" and body(answer)["ok"] is True
         opened, closed = view["steps"]
         assert closed["result"]["ticket_id"] == opened["result"]["ticket_id"]
-        resumed = await acme.call_tool(RESUME_GROUP, {"group_id": view["group_id"]})
+        resumed = await conforming(acme, RESUME_GROUP, {"group_id": view["group_id"]})
         assert error_code(resumed) == "GROUP_NOT_RESUMABLE"
 
 
@@ -172,7 +187,7 @@ async def test_an_invalid_group_is_refused_with_field_errors_and_nothing_stored(
                 },
             ],
         }
-        refused = await acme.call_tool(RUN_GROUP, cycle)
+        refused = await conforming(acme, RUN_GROUP, cycle)
         assert error_code(refused) == "VALIDATION_FAILED"
         assert body(refused)["error"]["field_errors"], body(refused)
         unknown = {"idempotency_key": key, "run_id": "r", "steps": [{"id": "a", "tool": "nope"}]}
