@@ -22,7 +22,9 @@ from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.group_tools import step_tools
 from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
+from producers.http.governance import PROJECTION_WAIT_S, applied_within
 from projections.groups import SqliteGroupLog
+from schemas.calls import CallQueries
 from schemas.events import ApprovalRequested
 
 if TYPE_CHECKING:
@@ -30,8 +32,11 @@ if TYPE_CHECKING:
     from schemas.topics import Topics
 
 
-def step_caller(client: Caller) -> StepCaller:
-    """Each step's call as the group's submitter made it (its tenant, principal, scopes)."""
+def step_caller(client: Caller, queries: CallQueries | None = None) -> StepCaller:
+    """Each step's call as the group's submitter made it (its tenant, principal, scopes).
+    ``queries``: a projection that lags the ledger (Kafka + PostgreSQL). A step that needs an
+    approval is then answered once the projection has its request, as a call's ``428`` is:
+    the group shows the request id only when an approver can find it."""
 
     async def call(step: StepCall) -> StepAnswer:
         meta = step.meta
@@ -45,7 +50,11 @@ def step_caller(client: Caller) -> StepCaller:
             step_id=step.step_id,
             approval_token=step.approval_token,
         )
-        approval = result.event.approval_id if isinstance(result.event, ApprovalRequested) else None
+        approval = None
+        if isinstance(result.event, ApprovalRequested):
+            approval = result.event.approval_id
+            if queries is not None:
+                await applied_within(queries, result.event.event_id, PROJECTION_WAIT_S)
         found = result.result is not None or result.ok
         return StepAnswer(
             result.status,
@@ -62,10 +71,14 @@ def ledger_groups(
     reads: GroupReads,
     client: Caller,
     registry: Callable[[], ToolRegistry],
+    queries: CallQueries | None = None,
 ) -> GroupRunner:
     """The front door's :class:`schemas.groups.GroupService`: the orchestrator over a
-    group log, its steps through ``client``, the tools as the registry has them."""
-    return GroupRunner(group_log, reads, step_caller(client), lambda: step_tools(registry()))
+    group log, its steps through ``client``, the tools as the registry has them
+    (``queries``: see :func:`step_caller`)."""
+    return GroupRunner(
+        group_log, reads, step_caller(client, queries), lambda: step_tools(registry())
+    )
 
 
 def embedded_groups(
@@ -89,13 +102,14 @@ async def postgres_groups(
     PostgreSQL (claimed per group, so several front doors may run this), published to the
     groups topic by a relay (one front door's at a time)."""
     from projections.group_relay import GroupEventRelay
+    from projections.postgres import PostgresCalls
     from projections.postgres_groups import PostgresGroupLog
 
     relay = await stack.enter_async_context(GroupEventRelay(dsn, kafka, topics))
     group_log = PostgresGroupLog(projection, dsn, on_append=relay.wake)
     await group_log.open()
     stack.push_async_callback(group_log.close)
-    groups = ledger_groups(group_log, group_log, client, registry)
+    groups = ledger_groups(group_log, group_log, client, registry, PostgresCalls(projection))
     await groups.start()  # drives the unfinished groups no other front door claims
     stack.push_async_callback(groups.stop)
     return groups
