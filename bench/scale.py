@@ -8,7 +8,9 @@ Run::
 
 Scenarios:
 
-``embedded`` (once with ``--key-retention forever``, once with a short retention)
+``embedded`` (once with every retention forever, once with a short one for keys, intents,
+outcome records and the audit trail: ``--key-retention``, ``--intents-retention``,
+``--outcomes-retention`` and ``--audit-retention`` of ``serve``)
     ``--calls`` calls of the no-op mutation tool, 200-byte arguments, every key new, from
     64 concurrent callers, on a fresh ledger (default settings, ``synchronous=FULL``). Every
     ``--step`` calls: resident memory, calls/s over the step, and the ledger's bytes on disk
@@ -30,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,7 @@ from producers.client import TrustedContext
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")
 CALLERS = 64
 TEXT = "x" * 188  # {"text": "..."}: 200 bytes of arguments
+AUDIT_ROUND_S = 10.0
 
 
 def rss_mb() -> float:
@@ -74,17 +80,49 @@ async def _callers(ledger: Any, first: int, count: int, prefix: str) -> None:
     await asyncio.gather(*(caller() for _ in range(CALLERS)))
 
 
+@contextlib.asynccontextmanager
+async def _audit_rounds(path: Path, retention: timedelta | None) -> AsyncIterator[None]:
+    """The audit trail's retention as ``serve --audit-retention`` runs it (rounds every
+    :data:`AUDIT_ROUND_S` here, so that a short retention shows within the run)."""
+    from projections.audit_retention import prune_sqlite
+    from toolledger.audit import audit_retention
+
+    conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False)
+
+    async def prune(cutoff: datetime) -> int:
+        return await asyncio.to_thread(prune_sqlite, conn, cutoff)
+
+    try:
+        async with audit_retention(prune, retention, every_s=AUDIT_ROUND_S):
+            yield
+    finally:
+        conn.close()
+
+
 async def embedded_run(calls: int, step: int, retention: str, directory: Path) -> dict[str, Any]:
-    from processors.tools.retention import parse_retention
+    """``retention`` "forever": every key, log record and audit row is kept (the defaults,
+    but for the intents' 7 days, which a run never reaches). Otherwise it is every retention
+    at once: keys, intents, outcome records and the audit trail (what a platform that keeps
+    nothing longer than that sets)."""
+    from processors.tools.retention import FOREVER, parse_retention
     from toolledger.embedded import EmbeddedLedger
 
     counter = Counter()
     registry = make_registry(counter)
-    registry.set_default_key_retention(parse_retention(retention))
+    key_retention = parse_retention(retention)
+    registry.set_default_key_retention(key_retention)
+    short = None if key_retention == FOREVER else key_retention
+    assert not isinstance(short, str)
     path = directory / "ledger.db"
     steps = []
     prefix = uuid.uuid4().hex[:8]
-    async with EmbeddedLedger(path, registry, create=True) as ledger:
+    retentions: dict[str, Any] = (
+        {} if short is None else {"intents_retention": short, "outcomes_retention": short}
+    )
+    async with (
+        EmbeddedLedger(path, registry, create=True, **retentions) as ledger,
+        _audit_rounds(path, short),
+    ):
         for first in range(0, calls, step):
             started = time.perf_counter()
             await _callers(ledger, first, min(step, calls - first), prefix)
@@ -277,8 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "embedded"):
         result["embedded"] = []
         for retention in ("forever", args.short_retention):
-            argv_child = [sys.executable, "-m", "bench.scale", "--calls", str(args.calls),
-                          "--step", str(args.step), "--child-retention", retention]
+            argv_child = [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "--calls",
+                str(args.calls),
+                "--step",
+                str(args.step),
+                "--child-retention",
+                retention,
+            ]
             done = subprocess.run(argv_child, check=True, stdout=subprocess.PIPE, text=True)
             result["embedded"].append(json.loads(done.stdout.strip().splitlines()[-1]))
     if args.only in (None, "kafka"):

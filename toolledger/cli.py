@@ -463,6 +463,14 @@ def serve(
             "raw arguments: this is the retention of sensitive data (7d, 24h, or 'forever')."
         ),
     ] = "7d",
+    outcomes_retention: Annotated[
+        str,
+        typer.Option(
+            help="Embedded: how long the log keeps outcome records (24h, 30d, or 'forever'). "
+            "The audit trail keeps its own copy (--audit-retention); once outcomes are "
+            "deleted, 'toolledger replay' can no longer rebuild the read model from the log.",
+        ),
+    ] = "forever",
     audit_retention: Annotated[
         str,
         typer.Option(
@@ -501,6 +509,7 @@ def serve(
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)
         intents_ms = _retention_ms(intents_retention, allow_forever=True)
+        outcomes_ms = _retention_ms(outcomes_retention, allow_forever=True)
         audit_ms = _retention_ms(audit_retention, allow_forever=True)
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
@@ -553,6 +562,9 @@ def serve(
             "cache_entries": cache_entries,
             "intents_retention": None if intents_ms < 0 else timedelta(milliseconds=intents_ms),
             "audit_retention": None if audit_ms < 0 else timedelta(milliseconds=audit_ms),
+            "outcomes_retention": (
+                None if outcomes_ms < 0 else timedelta(milliseconds=outcomes_ms)
+            ),
         },
         limits=ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s

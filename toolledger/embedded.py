@@ -54,16 +54,19 @@ class EmbeddedLedger:
         shutdown_timeout_s: float = 30.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         intents_retention: timedelta | None = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S),
+        outcomes_retention: timedelta | None = None,
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
         new, empty directory (None); see :class:`SqliteLog`. ``cache_entries``: call keys
         held in memory (the others are read from the file when used). ``intents_retention``:
-        how long processed intents (the only copy of raw arguments) are kept; None: forever."""
+        how long processed intents (the only copy of raw arguments) are kept; None: forever.
+        ``outcomes_retention``: how long the log keeps outcome records (None: forever). The
+        audit trail keeps its own copy under its own retention; once outcomes are deleted,
+        ``toolledger replay`` can no longer rebuild the read model from the log."""
         self.path = Path(path)
         self._cache_entries = cache_entries
-        self._intents_retention_s = (
-            None if intents_retention is None else intents_retention.total_seconds()
-        )
+        self._intents_retention_s = _seconds(intents_retention)
+        self._outcomes_retention_s = _seconds(outcomes_retention)
         self._create = create
         self.shutdown_timeout_s = shutdown_timeout_s
         self._probed_at = float("-inf")
@@ -109,6 +112,7 @@ class EmbeddedLedger:
             sweep_interval_s=self._sweep_interval_s,
             cache_entries=self._cache_entries,
             intents_retention_s=self._intents_retention_s,
+            outcomes_retention_s=self._outcomes_retention_s,
         )
         try:
             await self.runtime.start()
@@ -178,3 +182,7 @@ class EmbeddedLedger:
         tb: TracebackType | None,
     ) -> None:
         await self.close(grace_s=self.shutdown_timeout_s if exc is None else 0.0)
+
+
+def _seconds(retention: timedelta | None) -> float | None:
+    return None if retention is None else retention.total_seconds()

@@ -159,10 +159,12 @@ async def embedded_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
+    outcomes_retention: timedelta | None = None,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
-    ``create`` as :class:`~toolledger.embedded.EmbeddedLedger` takes it. ``audit_retention``:
-    how long the audit trail keeps an expired key's record (None: forever)."""
+    ``create``, ``intents_retention`` and ``outcomes_retention`` as
+    :class:`~toolledger.embedded.EmbeddedLedger` takes them. ``audit_retention``: how long the
+    audit trail keeps an expired key's record (None: forever)."""
     from processors.runtime.intent_lookup import SqliteIntentLookup
     from projections.audit_retention import prune_sqlite
     from projections.sqlite import SqliteCalls
@@ -178,6 +180,7 @@ async def embedded_door(
         shutdown_timeout_s=shutdown_timeout_s,
         cache_entries=cache_entries,
         intents_retention=intents_retention,
+        outcomes_retention=outcomes_retention,
     ) as ledger:
         assert ledger.log is not None and ledger.runtime is not None
         runtime = ledger.runtime
@@ -277,6 +280,7 @@ def open_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
+    outcomes_retention: timedelta | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
@@ -291,6 +295,7 @@ def open_door(
         cache_entries,
         intents_retention,
         audit_retention,
+        outcomes_retention,
     )
 
 

@@ -21,7 +21,7 @@ from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.partition import PartitionFailed, PartitionWorker
-from processors.runtime.sqlite_log import EXECUTOR, INTENTS, SqliteLog
+from processors.runtime.sqlite_log import EXECUTOR, INTENTS, OUTCOMES, SqliteLog
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.keys import partition_for
@@ -212,13 +212,20 @@ class EmbeddedRuntime:
         sweep_interval_s: float = 1.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         intents_retention_s: float | None = DEFAULT_INTENTS_RETENTION_S,
+        outcomes_retention_s: float | None = None,
         prune_interval_s: float = 10.0,
     ) -> None:
         """``cache_entries``: call keys held in memory by all partitions together (each
         partition's worker holds its share; every other key is read from the file).
-        ``intents_retention_s``: processed intents older than this are deleted (None: kept)."""
+        ``intents_retention_s``: processed intents older than this are deleted (None: kept).
+        ``outcomes_retention_s``: outcome records older than this are deleted (None: kept, so
+        the read model can be rebuilt from the log; the audit trail keeps its own copy)."""
         self.log = log
-        self._intents_retention_s = intents_retention_s
+        self._retention = {
+            topic: seconds
+            for topic, seconds in ((INTENTS, intents_retention_s), (OUTCOMES, outcomes_retention_s))
+            if seconds is not None
+        }
         self._prune_interval_s = prune_interval_s
         self._pruner: asyncio.Task[None] | None = None
         self._cache_entries = max(1, cache_entries // log.partitions)
@@ -240,23 +247,24 @@ class EmbeddedRuntime:
             await self.stop()  # the workers started so far, and the writer's thread
             raise
         self._readers = [asyncio.create_task(self._read(p)) for p in range(self.log.partitions)]
-        if self._intents_retention_s is not None:
-            self._pruner = asyncio.create_task(self._prune(self._intents_retention_s))
+        if self._retention:
+            self._pruner = asyncio.create_task(self._prune())
 
-    async def _prune(self, retention_s: float) -> None:
-        """Delete processed intents past their retention, a chunk per transaction, between
-        other writes (each chunk is one short transaction, in a thread: the log's lock orders
-        it with the writer's transactions)."""
+    async def _prune(self) -> None:
+        """Delete the log's records past their topic's retention, a range per partition and
+        transaction, between other writes (each is one short transaction, in a thread: the
+        log's lock orders it with the writer's transactions)."""
         while True:
             await asyncio.sleep(self._prune_interval_s)
-            try:
-                for _ in range(_PRUNE_CHUNKS_PER_TURN):
-                    if not await asyncio.to_thread(
-                        self.log.prune_intents, time.time() - retention_s
-                    ):
-                        break
-            except sqlite3.Error as exc:  # e.g. a full disk: tried again next time
-                log.warning("pruning intents failed", extra={"error": str(exc)})
+            for topic, retention_s in self._retention.items():
+                try:
+                    for _ in range(_PRUNE_CHUNKS_PER_TURN):
+                        if not await asyncio.to_thread(
+                            self.log.prune, topic, time.time() - retention_s
+                        ):
+                            break
+                except sqlite3.Error as exc:  # e.g. a full disk: tried again next time
+                    log.warning("pruning the log failed", extra={"topic": topic, "error": str(exc)})
 
     async def _new_worker(self, partition: int) -> PartitionWorker:
         """A worker from what is durable: the stored states and position (PENDING -> UNKNOWN)."""

@@ -6,7 +6,7 @@ outcome events + call states + input position + projections together.
 
 Two connections, so that the log's writes can run on a thread of their own (the embedded
 runtime's writer) while the event loop reads: the log's own writes (:meth:`SqliteLog.write`,
-:meth:`~SqliteLog.append`, :meth:`~SqliteLog.probe`, :meth:`~SqliteLog.prune_intents`,
+:meth:`~SqliteLog.append`, :meth:`~SqliteLog.probe`, :meth:`~SqliteLog.prune`,
 :meth:`~SqliteLog.vacuum`, :meth:`~SqliteLog.rebuild_projections`) go through a private write
 connection, one at a time under a lock, from whichever thread calls them; ``conn`` is the
 connection of the event loop's thread (reads, and what others write on their own, such as the
@@ -65,7 +65,7 @@ INTENTS = "intents"
 OUTCOMES = "outcomes"
 EXECUTOR = "executor"
 WAL_SIZE_LIMIT = 64 << 20
-MARK_INTERVAL_S = 60.0  # an intents partition's time index: one (offset, time) mark a minute
+MARK_INTERVAL_S = 60.0  # a partition's time index (per topic): one (offset, time) mark a minute
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -313,48 +313,59 @@ class SqliteLog:
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
             rows.append((topic, partition, offset, key, value))
-            if (
-                topic == INTENTS
-                and now - self._marked.get((topic, partition), float("-inf"))
-                >= self.mark_interval_s
-            ):
+            if now - self._marked.get((topic, partition), float("-inf")) >= self.mark_interval_s:
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
         self._writes.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
         self._writes.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
         return offsets
 
-    def prune_intents(self, before: float, limit: int = 5_000) -> int:
-        """Delete processed intents appended before ``before`` (epoch seconds, judged by the
-        partition's marks), at most ``limit`` per partition, in one transaction; returns how
-        many were deleted. Raw arguments live only in intents: this is their retention. The
-        last intent of a partition is always kept (it carries the partition's next offset)."""
+    def prune(self, topic: str, before: float, limit: int = 5_000) -> int:
+        """Delete records of ``topic`` appended before ``before`` (epoch seconds, judged by the
+        partition's marks), at most ``limit`` per partition, as one range per partition in one
+        transaction; returns how many were deleted. The last record of a partition is always
+        kept (it carries the partition's next offset).
+
+        * intents: only processed ones (below the executor's position). Raw arguments live
+          only in intents: this is their retention.
+        * outcomes: every outcome was folded into the read model in its own transaction, so
+          any may go; the read model (the audit trail, with its own retention) keeps what it
+          holds. The first deletion is recorded (``outcomes_pruned``): from then on the read
+          model cannot be rebuilt from the log, and :meth:`rebuild_projections` refuses to.
+        """
+        if topic not in (INTENTS, OUTCOMES):
+            raise ValueError(f"no retention for topic {topic!r}")
         deleted = 0
         with self._write_lock, transaction(self._writes) as conn:
             for p in range(self.partitions):
                 marked = conn.execute(
                     "SELECT MAX(offset) FROM log_marks WHERE topic = ? AND partition = ? "
                     "AND at <= ?",
-                    (INTENTS, p, before),
+                    (topic, p, before),
                 ).fetchone()[0]
                 first = conn.execute(
-                    "SELECT MIN(offset) FROM log WHERE topic = ? AND partition = ?", (INTENTS, p)
+                    "SELECT MIN(offset) FROM log WHERE topic = ? AND partition = ?", (topic, p)
                 ).fetchone()[0]
                 if marked is None or first is None:
                     continue
-                processed = _position(conn, EXECUTOR, INTENTS, p)
-                upto = min(marked, processed, self._next_offset(INTENTS, p) - 1)
+                upto = min(marked, self._next_offset(topic, p) - 1)
+                if topic == INTENTS:
+                    upto = min(upto, _position(conn, EXECUTOR, INTENTS, p))
                 stop = min(upto, first + limit)
                 if stop <= first:
                     continue
                 deleted += conn.execute(
                     "DELETE FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
                     "AND offset < ?",
-                    (INTENTS, p, first, stop),
+                    (topic, p, first, stop),
                 ).rowcount
                 conn.execute(
                     "DELETE FROM log_marks WHERE topic = ? AND partition = ? AND offset < ?",
-                    (INTENTS, p, stop),
+                    (topic, p, stop),
+                )
+            if deleted and topic == OUTCOMES:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('outcomes_pruned', ?)", (str(time.time()),)
                 )
         return deleted
 
@@ -446,8 +457,17 @@ class SqliteLog:
         )
 
     def rebuild_projections(self) -> int:
-        """Drop the projections and fold them again from the outcome log; returns events read."""
+        """Drop the projections and fold them again from the outcome log; returns events read.
+        Refused (:class:`LedgerFileError`, nothing changed) once outcomes were pruned: a fold
+        of what is left would drop the audit trail of every call before it."""
         with self._write_lock, transaction(self._writes) as conn:
+            pruned = conn.execute("SELECT v FROM meta WHERE k = 'outcomes_pruned'").fetchone()
+            if pruned is not None:
+                raise LedgerFileError(
+                    f"{self.path}: outcome records past their retention (--outcomes-retention) "
+                    "were deleted, so the read model cannot be rebuilt from the log (it would "
+                    "lose the audit trail before them); it was left as it is"
+                )
             self.projection.drop(conn)
             for statement in self.projection.ddl.split(";"):
                 if statement.strip():

@@ -121,14 +121,41 @@ def test_pruning_deletes_only_processed_intents_past_their_retention(tmp_path: P
         log.append(INTENTS, [(0, b"k", b"old")] * 3)
         log.conn.execute("UPDATE log_marks SET at = at - 3600")  # appended an hour ago
         log.append(INTENTS, [(0, b"k", b"new")] * 2)
-        assert log.prune_intents(time.time() - 60) == 0  # nothing is processed yet
+        assert log.prune(INTENTS, time.time() - 60) == 0  # nothing is processed yet
         log.conn.execute("INSERT INTO positions VALUES (?, ?, 0, 2)", (EXECUTOR, INTENTS))
-        assert log.prune_intents(time.time() - 60) == 2  # offsets 0, 1: processed and old
+        assert log.prune(INTENTS, time.time() - 60) == 2  # offsets 0, 1: processed and old
         assert [o for o, _ in log.read(INTENTS, 0, 0)] == [2, 3, 4]
         log.conn.execute("UPDATE positions SET next_offset = 5")
-        assert log.prune_intents(time.time() + 60) == 2  # everything old now; 4 is the last
+        assert log.prune(INTENTS, time.time() + 60) == 2  # everything old now; 4 is the last
         assert [o for o, _ in log.read(INTENTS, 0, 0)] == [4]
         assert log.append(INTENTS, [(0, b"k", b"next")]) == [5]
+    finally:
+        log.close()
+
+
+def test_pruning_outcomes_deletes_old_ranges_and_keeps_the_last_record(tmp_path: Path) -> None:
+    """Outcomes were folded into the read model when appended: old ones go as a range, the
+    last one stays (it carries the next offset), and the pruning is recorded in the file."""
+    import time
+
+    log = SqliteLog(
+        tmp_path / "ledger.db", projection=SqliteProjection(), partitions=1, create=True
+    )
+    try:
+        log.mark_interval_s = 0.0
+        log.append(OUTCOMES, [(0, b"k", b"old")] * 3)
+        log.conn.execute("UPDATE log_marks SET at = at - 3600")
+        log.append(OUTCOMES, [(0, b"k", b"new")] * 2)
+        assert log.prune(OUTCOMES, time.time() - 7200) == 0  # nothing that old
+        assert log.conn.execute("SELECT v FROM meta WHERE k = 'outcomes_pruned'").fetchone() is None
+        assert log.prune(OUTCOMES, time.time() - 60) == 2  # offsets 0, 1 (2 is the mark)
+        assert [o for o, _ in log.read(OUTCOMES, 0, 0)] == [2, 3, 4]
+        assert log.prune(OUTCOMES, time.time() + 60) == 2  # 4 is the last
+        assert [o for o, _ in log.read(OUTCOMES, 0, 0)] == [4]
+        assert log.append(OUTCOMES, [(0, b"k", b"next")]) == [5]
+        assert log.conn.execute("SELECT v FROM meta WHERE k = 'outcomes_pruned'").fetchone()
+        with pytest.raises(ValueError, match="no retention"):
+            log.prune("positions", time.time())
     finally:
         log.close()
 
