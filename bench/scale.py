@@ -182,8 +182,7 @@ async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
     topics = Topics(prefix=f"scale{uuid.uuid4().hex[:8]}.", partitions=1)
     await ensure_topics(bootstrap, topics)
     state = _state_template()
-    # as the executor writes them: the row fields in headers (processors.runtime.kafka)
-    headers = meta_headers((TOOL, datetime.fromisoformat("2026-12-01T00:00:00.1Z").timestamp()))
+    settled = datetime.fromisoformat("2026-12-01T00:00:00.1Z").timestamp()
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20, acks=1
     )
@@ -192,8 +191,11 @@ async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
     try:
         pending = []
         for i in range(keys):
-            key = f'["bench-tenant","{TOOL}","k{i}"]'
+            # keys as clients make them (random: a key's place in the store's index is too),
+            # settled in log order; the row fields in headers, as the executor writes them
+            key = f'["bench-tenant","{TOOL}","{uuid.uuid4().hex}"]'
             value = state.replace("KEY", key.replace('"', '\\"')).encode()
+            headers = meta_headers((TOOL, settled + i / 1000))
             pending.append(
                 await producer.send(
                     topics.state, value, key=key.encode(), partition=0, headers=headers

