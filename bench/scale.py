@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -81,22 +80,17 @@ async def _callers(ledger: Any, first: int, count: int, prefix: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _audit_rounds(path: Path, retention: timedelta | None) -> AsyncIterator[None]:
+async def _audit_rounds(log: Any, retention: timedelta | None) -> AsyncIterator[None]:
     """The audit trail's retention as ``serve --audit-retention`` runs it (rounds every
     :data:`AUDIT_ROUND_S` here, so that a short retention shows within the run)."""
     from projections.audit_retention import prune_sqlite
     from toolledger.audit import audit_retention
 
-    conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False)
-
     async def prune(cutoff: datetime) -> int:
-        return await asyncio.to_thread(prune_sqlite, conn, cutoff)
+        return await asyncio.to_thread(prune_sqlite, log.locked_write, cutoff)
 
-    try:
-        async with audit_retention(prune, retention, every_s=AUDIT_ROUND_S):
-            yield
-    finally:
-        conn.close()
+    async with audit_retention(prune, retention, every_s=AUDIT_ROUND_S):
+        yield
 
 
 async def embedded_run(calls: int, step: int, retention: str, directory: Path) -> dict[str, Any]:
@@ -121,7 +115,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     )
     async with (
         EmbeddedLedger(path, registry, create=True, **retentions) as ledger,
-        _audit_rounds(path, short),
+        _audit_rounds(ledger.log, short),
     ):
         for first in range(0, calls, step):
             started = time.perf_counter()

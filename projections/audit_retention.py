@@ -18,8 +18,9 @@ runs them in one transaction per window.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -107,22 +108,50 @@ def _older(value: Any, boundary: Any) -> bool:
     return str(value) < str(boundary)
 
 
-def prune_sqlite(conn: sqlite3.Connection, cutoff: datetime, limit: int = BATCH) -> int:
-    """One round on a SQLite read model (its own connection: writes wait for the ledger's
-    writer through SQLite's lock); one transaction per window. Returns the events deleted."""
+Transaction = Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
+
+
+def prune_sqlite(transaction: Transaction, cutoff: datetime, limit: int = BATCH) -> int:
+    """One round on a SQLite read model; returns the events deleted. Each window is read and
+    deleted in one ``transaction()`` (a connection inside a write transaction): the embedded
+    ledger hands its own (``SqliteLog.locked_write``), so a window waits its turn behind the
+    writer's transactions in the process. Through a connection of its own it raced them
+    through SQLite's busy handler, which a writer committing back to back under load starved
+    (every round failed with "database is locked")."""
     d, cursor, deleted = SQLITE, 0, 0
     while True:
-        window = _rows(conn, window_sql(d, cursor, limit))
-        ids = sorted({r["call_id"] for r in window})
-        kept = {r["call_id"] for r in _rows(conn, kept_calls_sql(d, ids, cutoff))} if ids else set()
-        step = plan(d, cursor, window, kept, cutoff, limit)
-        with conn:
+        with transaction() as conn:
+            window = _rows(conn, window_sql(d, cursor, limit))
+            ids = sorted({r["call_id"] for r in window})
+            kept = (
+                {r["call_id"] for r in _rows(conn, kept_calls_sql(d, ids, cutoff))}
+                if ids
+                else set()
+            )
+            step = plan(d, cursor, window, kept, cutoff, limit)
             for sql, params in delete_sql(d, step.deleted_events, step.deleted_calls):
                 conn.execute(sql, params)
         deleted += len(step.deleted_events)
         if step.done:
             return deleted
         cursor = step.cursor
+
+
+def own_transactions(conn: sqlite3.Connection) -> Transaction:
+    """Transactions on a connection of the caller's (``BEGIN IMMEDIATE``: the write lock is
+    taken before the window is read, so the read cannot go stale before the delete)."""
+
+    @contextlib.contextmanager
+    def transaction() -> Iterator[sqlite3.Connection]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    return transaction
 
 
 def _rows(conn: sqlite3.Connection, query: Query) -> list[dict[str, Any]]:

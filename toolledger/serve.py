@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -193,10 +192,10 @@ async def embedded_door(
 
         calls = SqliteCalls(ledger.log.conn, path=ledger_file)
         intents = SqliteIntentLookup(ledger_file, ledger.log.partitions)
-        pruner = sqlite3.connect(ledger_file, timeout=5.0, check_same_thread=False)
+        log = ledger.log
 
-        async def prune(cutoff: datetime) -> int:
-            return await asyncio.to_thread(prune_sqlite, pruner, cutoff)
+        async def prune(cutoff: datetime) -> int:  # in turn with the writer (locked_write)
+            return await asyncio.to_thread(prune_sqlite, log.locked_write, cutoff)
 
         try:
             front = door(ledger.client, calls, ready)
@@ -205,7 +204,6 @@ async def embedded_door(
             async with keep_audit(prune, audit_retention):
                 yield front
         finally:
-            pruner.close()
             intents.close()
             calls.close()
 

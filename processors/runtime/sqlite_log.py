@@ -7,7 +7,8 @@ outcome events + call states + input position + projections together.
 Two connections, so that the log's writes can run on a thread of their own (the embedded
 runtime's writer) while the event loop reads: the log's own writes (:meth:`SqliteLog.write`,
 :meth:`~SqliteLog.append`, :meth:`~SqliteLog.probe`, :meth:`~SqliteLog.prune`,
-:meth:`~SqliteLog.vacuum`, :meth:`~SqliteLog.rebuild_projections`) go through a private write
+:meth:`~SqliteLog.vacuum`, :meth:`~SqliteLog.rebuild_projections`, and others' through
+:meth:`~SqliteLog.locked_write`) go through a private write
 connection, one at a time under a lock, from whichever thread calls them; ``conn`` is the
 connection of the event loop's thread (reads, and what others write on their own, such as the
 group log). An sqlite3 connection is never used by two threads at once, and SQLite's own
@@ -20,6 +21,7 @@ and calls it inside its own transactions. See docs/architecture.md#the-event-flo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import secrets
@@ -368,6 +370,15 @@ class SqliteLog:
                     "INSERT OR IGNORE INTO meta VALUES ('outcomes_pruned', ?)", (str(time.time()),)
                 )
         return deleted
+
+    @contextlib.contextmanager
+    def locked_write(self) -> Iterator[sqlite3.Connection]:
+        """The write connection inside a transaction, under the log's write lock: for what
+        another module writes to the file in the log's process (the audit trail's retention),
+        ordered with the writer's transactions here rather than racing them through SQLite's
+        busy handler, which a writer committing back to back starves."""
+        with self._write_lock, transaction(self._writes) as conn:
+            yield conn
 
     def append(self, topic: str, records: Sequence[tuple[int, bytes, bytes]]) -> list[int]:
         """Append ``(partition, key, value)`` records in one transaction; return their offsets."""

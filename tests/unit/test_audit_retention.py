@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from projections.audit_retention import prune_sqlite
+from projections.audit_retention import own_transactions, prune_sqlite
 from toolledger import Ledger, Registry, TrustedContext
 
 ALICE = TrustedContext("acme", "alice")
@@ -74,16 +74,20 @@ async def test_past_the_cutoff_finished_records_go_open_ones_stay(tmp_path: Path
         conn.commit()  # a key still alive, however old its record (when the sweep was late)
 
         # nothing is older than a cutoff in the past
-        assert prune_sqlite(conn, datetime.now(UTC) - timedelta(hours=1)) == 0
+        assert prune_sqlite(own_transactions(conn), datetime.now(UTC) - timedelta(hours=1)) == 0
         assert _counts(conn) == before
 
-        deleted = prune_sqlite(conn, datetime.now(UTC) + timedelta(seconds=1), limit=2)
+        deleted = prune_sqlite(
+            own_transactions(conn), datetime.now(UTC) + timedelta(seconds=1), limit=2
+        )
         kept = {open_id, live.call_id}  # the UNKNOWN call and the live key keep it all
         assert deleted == sum(n for c, n in before.items() if c not in kept)
         assert _counts(conn) == {c: before[c] for c in kept}
         rows = {r[0] for r in conn.execute("SELECT call_id FROM tool_calls")}
         assert rows == kept
-        assert prune_sqlite(conn, datetime.now(UTC) + timedelta(seconds=1)) == 0  # idempotent
+        assert (
+            prune_sqlite(own_transactions(conn), datetime.now(UTC) + timedelta(seconds=1)) == 0
+        )  # idempotent
     finally:
         conn.close()
 
@@ -105,3 +109,45 @@ def test_serve_refuses_an_audit_retention_that_is_not_a_duration(tmp_path: Path)
     answer = CliRunner().invoke(app, [*args, "--audit-retention", "soon"])
     assert answer.exit_code == 2, answer.output
     assert "not a duration" in answer.output
+
+
+async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Path) -> None:
+    """Under a constant stream of calls the writer commits back to back; a round takes its
+    turn behind it (``SqliteLog.locked_write``) and deletes what is past the cutoff, where a
+    connection of its own lost the race for SQLite's lock ("database is locked")."""
+    from toolledger.embedded import EmbeddedLedger
+
+    effects: list[str] = []
+    path = tmp_path / "ledger.db"
+    registry = _registry(effects)
+    async with EmbeddedLedger(path, registry, create=True, sweep_interval_s=0.05) as ledger:
+        assert ledger.log is not None
+        first = [
+            await ledger.client.call("write_note", {"text": f"old{i}"}, idempotency_key=f"o{i}",
+                                     context=ALICE)
+            for i in range(20)
+        ]  # fmt: skip
+        await _expired(path, {r.call_id for r in first})
+        stop = asyncio.Event()
+
+        async def load(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                await ledger.client.call(
+                    "write_note", {"text": "x"}, idempotency_key=f"l{n}-{i}", context=ALICE
+                )
+                i += 1
+
+        callers = [asyncio.create_task(load(n)) for n in range(32)]
+        try:
+            deleted = 0
+            for _ in range(5):  # rounds while the callers keep the writer busy
+                cutoff = datetime.now(UTC) + timedelta(seconds=1)
+                deleted += await asyncio.to_thread(prune_sqlite, ledger.log.locked_write, cutoff)
+        finally:
+            stop.set()
+            await asyncio.gather(*callers)
+        assert deleted >= 2 * len(first)  # each old call's Started and Succeeded, at least
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            left = {r[0] for r in conn.execute("SELECT call_id FROM tool_calls")}
+        assert not left & {r.call_id for r in first}
