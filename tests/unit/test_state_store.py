@@ -296,52 +296,16 @@ async def test_a_restart_with_a_tiny_cache_keeps_every_unresolved_keys_book() ->
         await worker.stop()
 
 
-async def test_a_ledger_whose_intents_were_pruned_still_replays_and_restarts(
-    tmp_path: Path,
+@pytest.mark.parametrize("topic", ["intents", "outcomes"])
+async def test_a_ledger_whose_log_was_pruned_still_replays_and_restarts(
+    tmp_path: Path, topic: str
 ) -> None:
-    import time
-
-    from processors.runtime.sqlite_log import INTENTS
-
-    made: list[str] = []
-    registry = _counting_registry(made)
-    caller = TrustedContext("acme", "ada")
-    path = tmp_path / "ledger.db"
-    keys = [f"k{i}" for i in range(20)]
-    async with EmbeddedLedger(path, registry, create=True, partitions=2) as ledger:
-        assert ledger.log is not None and ledger.runtime is not None
-        ledger.log.mark_interval_s = 0.0
-        first = {
-            k: await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            for k in keys
-        }
-        await ledger.runtime.drain()
-        assert ledger.log.prune(INTENTS, time.time() + 1) > 0
-        left = ledger.log.conn.execute(
-            "SELECT COUNT(*) FROM log WHERE topic = ?", (INTENTS,)
-        ).fetchone()[0]
-        assert left == 2  # the last intent of each partition
-        for k in keys:
-            again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            assert again.replayed and again.result == first[k].result
-    async with EmbeddedLedger(path, registry, partitions=2) as ledger:
-        new = await ledger.client.call("op", {"title": "n"}, idempotency_key="new", context=caller)
-        assert new.ok and not new.replayed
-        old = await ledger.client.call("op", {"title": "k0"}, idempotency_key="k0", context=caller)
-        assert old.replayed
-    assert made == [*keys, "new"]
-
-
-async def test_a_ledger_whose_outcomes_were_pruned_replays_and_refuses_a_rebuild(
-    tmp_path: Path,
-) -> None:
-    """Outcome records past their retention go from the log; the key states (replays) and the
-    audit trail (its own copy) stay, and a rebuild of the read model from what is left is
-    refused rather than losing the history before it."""
+    """Records past their topic's retention go from the log; the key states (replays) stay,
+    and so does the audit trail (its own copy). Once outcomes went, a rebuild of the read
+    model from what is left is refused rather than losing the history before it."""
     import time
 
     from processors.runtime.ledger_file import LedgerFileError
-    from processors.runtime.sqlite_log import OUTCOMES
 
     made: list[str] = []
     registry = _counting_registry(made)
@@ -358,19 +322,18 @@ async def test_a_ledger_whose_outcomes_were_pruned_replays_and_refuses_a_rebuild
         await ledger.runtime.drain()
         conn = ledger.log.conn
 
-        def audit_rows() -> int:
-            return int(conn.execute("SELECT COUNT(*) FROM tool_call_events").fetchone()[0])
+        def count(sql: str, *params: str) -> int:
+            return int(conn.execute(sql, params).fetchone()[0])
 
-        events_before = audit_rows()
-        assert ledger.log.prune(OUTCOMES, time.time() + 1) > 0
-        left = ledger.log.conn.execute(
-            "SELECT COUNT(*) FROM log WHERE topic = ?", (OUTCOMES,)
-        ).fetchone()[0]
-        assert left == 2  # the last outcome of each partition
-        assert audit_rows() == events_before
-        with pytest.raises(LedgerFileError, match="cannot be rebuilt"):
-            ledger.log.rebuild_projections()
-        assert audit_rows() == events_before  # the refused rebuild changed nothing
+        events_before = count("SELECT COUNT(*) FROM tool_call_events")
+        assert ledger.log.prune(topic, time.time() + 1) > 0
+        # the last record of each partition stays (it carries the next offset)
+        assert count("SELECT COUNT(*) FROM log WHERE topic = ?", topic) == 2
+        assert count("SELECT COUNT(*) FROM tool_call_events") == events_before
+        if topic == "outcomes":
+            with pytest.raises(LedgerFileError, match="cannot be rebuilt"):
+                ledger.log.rebuild_projections()
+            assert count("SELECT COUNT(*) FROM tool_call_events") == events_before  # unchanged
         for k in keys:
             again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
             assert again.replayed and again.result == first[k].result
