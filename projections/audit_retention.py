@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -135,23 +135,6 @@ def prune_sqlite(transaction: Transaction, cutoff: datetime, limit: int = BATCH)
         if step.done:
             return deleted
         cursor = step.cursor
-
-
-def own_transactions(conn: sqlite3.Connection) -> Transaction:
-    """Transactions on a connection of the caller's (``BEGIN IMMEDIATE``: the write lock is
-    taken before the window is read, so the read cannot go stale before the delete)."""
-
-    @contextlib.contextmanager
-    def transaction() -> Iterator[sqlite3.Connection]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
-    return transaction
 
 
 def _rows(conn: sqlite3.Connection, query: Query) -> list[dict[str, Any]]:

@@ -249,8 +249,12 @@ def topics(
     from toolledger.kafka_admin import apply_topic_configs, ensure_topics, topic_configs
 
     try:
-        intents_ms = _retention_ms(intents_retention, allow_forever=False)
-        outcomes_ms = _retention_ms(outcomes_retention, allow_forever=True)
+        intents_ms = _retention_ms(
+            intents_retention, allow_forever=False, what="--intents-retention"
+        )
+        outcomes_ms = _retention_ms(
+            outcomes_retention, allow_forever=True, what="--outcomes-retention"
+        )
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -267,11 +271,11 @@ def topics(
         console.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
 
 
-def _retention_ms(text: str, *, allow_forever: bool) -> int:
+def _retention_ms(text: str, *, allow_forever: bool, what: str) -> int:
     from processors.tools.retention import FOREVER, RetentionError, parse_retention
 
     try:
-        retention = parse_retention(text)
+        retention = parse_retention(text, what)
     except RetentionError as exc:
         raise ConfigError(str(exc)) from None
     if retention == FOREVER:
@@ -280,6 +284,12 @@ def _retention_ms(text: str, *, allow_forever: bool) -> int:
         return -1
     assert not isinstance(retention, str)
     return int(retention.total_seconds() * 1000)
+
+
+def _optional_retention(text: str, what: str) -> timedelta | None:
+    """A retention that may be 'forever' (None); ``what``: its option, for the error."""
+    ms = _retention_ms(text, allow_forever=True, what=what)
+    return None if ms < 0 else timedelta(milliseconds=ms)
 
 
 PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
@@ -508,9 +518,11 @@ def serve(
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)
-        intents_ms = _retention_ms(intents_retention, allow_forever=True)
-        outcomes_ms = _retention_ms(outcomes_retention, allow_forever=True)
-        audit_ms = _retention_ms(audit_retention, allow_forever=True)
+        retained = {
+            "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
+            "outcomes_retention": _optional_retention(outcomes_retention, "--outcomes-retention"),
+            "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
+        }
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -560,11 +572,7 @@ def serve(
             "create": new_ledger,
             "shutdown_timeout_s": shutdown_timeout_s,
             "cache_entries": cache_entries,
-            "intents_retention": None if intents_ms < 0 else timedelta(milliseconds=intents_ms),
-            "audit_retention": None if audit_ms < 0 else timedelta(milliseconds=audit_ms),
-            "outcomes_retention": (
-                None if outcomes_ms < 0 else timedelta(milliseconds=outcomes_ms)
-            ),
+            **retained,
         },
         limits=ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s

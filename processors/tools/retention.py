@@ -26,9 +26,9 @@ class RetentionError(ValueError):
     """A retention that is not a duration of at least a second, nor ``forever``."""
 
 
-def parse_retention(text: str) -> KeyRetention:
+def parse_retention(text: str, what: str = "key retention") -> KeyRetention:
     """``forever``, ``90s``, ``30m``, ``24h``, ``7d``, plain seconds, or an ISO 8601 duration
-    (``PT24H``, ``P7D``)."""
+    (``PT24H``, ``P7D``). ``what``: the retention's name in the error."""
     value = text.strip()
     if value.lower() == FOREVER:
         return FOREVER
@@ -39,8 +39,7 @@ def parse_retention(text: str) -> KeyRetention:
         iso = _ISO.match(value.upper())
         if iso is None or value.upper() in ("P", "PT"):
             raise RetentionError(
-                f"key retention {text!r} is not a duration: use e.g. 90s, 30m, 24h, 7d, PT24H "
-                "or 'forever'"
+                f"{what} {text!r} is not a duration: use e.g. 90s, 30m, 24h, 7d, PT24H or 'forever'"
             )
         days, hours, minutes, secs = (int(g) if g else 0 for g in iso.groups())
         seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from projections.audit_retention import own_transactions, prune_sqlite
+from processors.runtime.state_table import transaction
+from projections.audit_retention import prune_sqlite
 from toolledger import Ledger, Registry, TrustedContext
 
 ALICE = TrustedContext("acme", "alice")
@@ -74,11 +75,11 @@ async def test_past_the_cutoff_finished_records_go_open_ones_stay(tmp_path: Path
         conn.commit()  # a key still alive, however old its record (when the sweep was late)
 
         # nothing is older than a cutoff in the past
-        assert prune_sqlite(own_transactions(conn), datetime.now(UTC) - timedelta(hours=1)) == 0
+        assert prune_sqlite(lambda: transaction(conn), datetime.now(UTC) - timedelta(hours=1)) == 0
         assert _counts(conn) == before
 
         deleted = prune_sqlite(
-            own_transactions(conn), datetime.now(UTC) + timedelta(seconds=1), limit=2
+            lambda: transaction(conn), datetime.now(UTC) + timedelta(seconds=1), limit=2
         )
         kept = {open_id, live.call_id}  # the UNKNOWN call and the live key keep it all
         assert deleted == sum(n for c, n in before.items() if c not in kept)
@@ -86,7 +87,7 @@ async def test_past_the_cutoff_finished_records_go_open_ones_stay(tmp_path: Path
         rows = {r[0] for r in conn.execute("SELECT call_id FROM tool_calls")}
         assert rows == kept
         assert (
-            prune_sqlite(own_transactions(conn), datetime.now(UTC) + timedelta(seconds=1)) == 0
+            prune_sqlite(lambda: transaction(conn), datetime.now(UTC) + timedelta(seconds=1)) == 0
         )  # idempotent
     finally:
         conn.close()
