@@ -603,7 +603,8 @@ _CALL_VALUES: Final = operator.itemgetter(*CALL_COLUMNS)
 
 def _copy_row(ord_: int, values: tuple[Any, ...], json_text: str) -> tuple[Any, ...]:
     """``(ord, *values)`` for a COPY, with :func:`_text` applied to every value if the row may
-    hold a NUL. ``json_text``: the row's JSON of its whole event (``payload_json``) or state
+    hold a NUL. ``json_text``: the row's JSON of its event (``payload_json``, which keeps its
+    whole envelope when an id holds a NUL: :func:`projections.rows.payload_json`) or state
     (``state_json``), which holds every text value of the row but the derived call id (hex)
     and constants, and JSON escapes a NUL as ``\\u0000``: one substring test in C decides for
     the whole row (a literal ``\\u0000`` in an argument only takes the slow path)."""

@@ -4,12 +4,12 @@ queries (:meth:`CallReads._fetch`)."""
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from projections.dialect import Dialect, Query
+from projections.rows import ENVELOPE_COLUMNS, audit_payload
 from schemas.calls import CallFilter, CallView, Page, encode_cursor
 
 CALL_SELECT = (
@@ -49,14 +49,17 @@ def page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
 
 def events_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
     return (
-        f"SELECT payload_json FROM tool_call_events WHERE tenant_id = {d.mark} "
+        f"SELECT {_EVENT_SELECT} FROM tool_call_events WHERE tenant_id = {d.mark} "
         f"AND call_id = {d.mark} ORDER BY seq",
         (tenant_id, call_id),
     )
 
 
-def events_of(payloads: Sequence[str]) -> list[dict[str, Any]] | None:
-    return [json.loads(p) for p in payloads] or None
+_EVENT_SELECT = ", ".join(("payload_json", *ENVELOPE_COLUMNS.values()))
+
+
+def events_of(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    return [audit_payload(r) for r in rows] or None
 
 
 def applied_sql(d: Dialect, event_id: str) -> Query:
@@ -85,7 +88,7 @@ class CallReads(ABC):
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
         rows = await self._fetch(events_sql(self.dialect, tenant_id, call_id))
-        return events_of([r["payload_json"] for r in rows])
+        return events_of(rows)
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(applied_sql(self.dialect, event_id)))
