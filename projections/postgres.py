@@ -38,11 +38,13 @@ from projections.dialect import POSTGRES, Query
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
+    STATE_COLUMNS,
     Position,
     call_row,
     event_row,
     expiries,
     fold_new_events,
+    state_of_row,
 )
 from schemas.events import Event
 
@@ -278,7 +280,7 @@ _UPSERT_CALLS_FROM_STAGE: Final = sql.SQL(
     "ON CONFLICT (call_key) DO UPDATE SET {update}"
 ).format(cols=_ids(CALL_COLUMNS), stage=sql.Identifier(_STAGE_CALLS), update=_UPDATE_CALLS)
 _STORED_STATES: Final = (  # an expired key's row keeps its last call, but the key is new
-    "SELECT call_key, state_json FROM tool_calls WHERE call_key = ANY(%b) "
+    f"SELECT {', '.join(STATE_COLUMNS)} FROM tool_calls WHERE call_key = ANY(%b) "
     "AND expired_at IS NULL FOR UPDATE"
 )
 _MARK_EXPIRED: Final = (
@@ -454,8 +456,9 @@ class PostgresProjection:
         if not new_events:
             return {}
         keys = list(dict.fromkeys(e.call_key for e in new_events))
-        cur = await conn.execute(_STORED_STATES, (keys,))
-        stored = {key: CallState.model_validate_json(state) for key, state in await cur.fetchall()}
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(_STORED_STATES, (keys,))
+            stored = {row["call_key"]: state_of_row(row) for row in await cur.fetchall()}
         return fold_new_events(stored, new_events)
 
     async def _upsert_calls(

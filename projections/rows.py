@@ -122,9 +122,71 @@ def call_row(call_key: str, state: CallState) -> dict[str, Any]:
         "created_at": state.created_at,
         "updated_at": state.updated_at,
         "last_event_id": state.last_event_id,
-        "state_json": state.model_dump_json(),
+        "state_json": state_json(state),
         "expired_at": None,
     }
+
+
+# What a call row's ``state_json`` adds to its columns: the rest of the call state is the
+# row's columns (:data:`STATE_COLUMNS`), so each field is stored once (half of the row at
+# 200-byte arguments) and :func:`state_of_row` folds them back into the state. A context value
+# holding a NUL keeps the whole state, as :func:`payload_json` keeps the whole envelope.
+_STATE_EXTRA: dict[str, Any] = {
+    "context": {"principal", "trace_id"},
+    "round_attempts": True,
+    "job": True,
+    "job_updates": True,
+}
+_CONTEXT_COLUMNS = {
+    "call_key": "call_key",
+    "tenant_id": "tenant_id",
+    "tool": "tool_name",
+    "tool_version": "tool_version",
+    "idempotency_key": "idempotency_key",
+    "args_digest": "args_digest",
+    "intent_id": "last_intent_id",
+    "run_id": "run_id",
+    "step_id": "step_id",
+}
+_STATE_FIELDS = (
+    "status",
+    "first_intent_id",
+    "attempts",
+    "rounds",
+    "reconcile_attempts",
+    "result_json",
+    "created_at",
+    "updated_at",
+    "last_event_id",
+)
+STATE_COLUMNS = ("state_json", "error_json", *_STATE_FIELDS, *_CONTEXT_COLUMNS.values())
+
+
+def state_json(state: CallState) -> str:
+    ctx = state.context
+    whole = any(
+        isinstance(v, str) and "\x00" in v for v in (*ctx.model_dump().values(), state.result_json)
+    )
+    return state.model_dump_json(include=None if whole else _STATE_EXTRA)
+
+
+def state_of_row(row: Mapping[str, Any]) -> CallState:
+    """The call state of a ``tool_calls`` row (its :data:`STATE_COLUMNS`); a row that holds
+    the whole state (written before the columns were left out, or holding a NUL) as it is."""
+    stored: dict[str, Any] = json.loads(row["state_json"])
+    if "status" in stored:
+        return CallState.model_validate(stored)
+    context = {field: row[column] for field, column in _CONTEXT_COLUMNS.items()}
+    context.update(stored.pop("context"))
+    error = row["error_json"]
+    return CallState.model_validate(
+        {
+            **{field: row[field] for field in _STATE_FIELDS},
+            **stored,
+            "context": context,
+            "error": None if error is None else json.loads(error),
+        }
+    )
 
 
 def event_row(event: Event, position: Position) -> dict[str, Any]:

@@ -20,11 +20,13 @@ from projections.dialect import SQLITE, Query
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
+    STATE_COLUMNS,
     Position,
     call_row,
     event_row,
     expiries,
     fold_new_events,
+    state_of_row,
 )
 from schemas.events import Event
 from schemas.keys import call_id_of
@@ -197,16 +199,21 @@ def apply(
     for start in range(0, len(ids), 500):  # SQLite's parameter limit
         chunk = ids[start : start + 500]
         marks = ", ".join("?" * len(chunk))
-        for key, state_json in conn.execute(
+        cursor = conn.execute(
             # an expired key's row keeps its last call for support, but the key is new again
-            f"SELECT call_key, state_json FROM tool_calls WHERE call_id IN ({marks}) "
+            f"SELECT {_STATE_SELECT} FROM tool_calls WHERE call_id IN ({marks}) "
             "AND expired_at IS NULL",
             chunk,
-        ):
-            stored[key] = CallState.model_validate_json(state_json)
+        )
+        for values in cursor:
+            row = dict(zip(STATE_COLUMNS, values, strict=True))
+            stored[row["call_key"]] = state_of_row(row)
     changed = fold_new_events(stored, new)
     conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
     _mark_expired(conn, new)
+
+
+_STATE_SELECT = ", ".join(STATE_COLUMNS)
 
 
 def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:

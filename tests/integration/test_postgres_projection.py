@@ -35,7 +35,7 @@ from projections.postgres import (
     migrate,
 )
 from projections.projector import KafkaProjector, rebuild
-from projections.rows import CALL_COLUMNS, EVENT_COLUMNS, Position, call_row
+from projections.rows import CALL_COLUMNS, EVENT_COLUMNS, Position, call_row, state_of_row
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
@@ -379,7 +379,9 @@ async def test_apply_folds_a_realistic_history(projection: PostgresProjection) -
     assert json.loads(r_gx["error_json"])["code"] == "DOWNSTREAM_TIMEOUT"
     assert r_gx["created_at"] == events[-2].envelope.occurred_at
     assert r_gx["updated_at"] == events[-1].envelope.occurred_at
-    assert r_gx["state_json"] == CallState.model_validate_json(r_gx["state_json"]).model_dump_json()
+    # the row reads back as the fold of the key's events (its state_json holds what the
+    # columns do not)
+    assert state_of_row(r_gx) == fold_all(events)[str(same_key_other_tenant.key)]
 
     audit = await projection.event_rows()
     assert len(audit) == len(events)

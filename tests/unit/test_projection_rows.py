@@ -1,20 +1,36 @@
-"""An audit row stores its envelope's ids once, as columns, and the read side gives back the
-whole event: what ``GET /v1/calls/{id}/events`` answers equals the event on the outcome log,
-field for field and in the envelope's order."""
+"""The projection rows store each field once: an audit row's envelope ids and a call row's
+state live in the row's columns, not again in its JSON, and the read side gives back the whole
+thing. What ``GET /v1/calls/{id}/events`` answers equals the event on the outcome log, and a
+call row read back is the fold of its key's events, however the log was cut into batches."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from processors.ledger import CallState, fold_all
 from processors.toolsets.helpdesk import HelpdeskStore
-from projections.rows import ENVELOPE_COLUMNS, Position, audit_payload, event_row
+from projections import sqlite as sqlite_projection
+from projections.rows import (
+    ENVELOPE_COLUMNS,
+    STATE_COLUMNS,
+    Position,
+    audit_payload,
+    call_row,
+    event_row,
+    state_of_row,
+)
 from projections.sqlite import SqliteCalls
 from schemas.events import Envelope, Event, ToolCallStarted
 from schemas.keys import call_id_for
 from tests.contract.harness import contract_registry
+from tests.unit.test_ledger_properties import Op, Policy, Simulation, ops, policies
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
 
@@ -98,3 +114,41 @@ def test_a_row_written_with_its_whole_envelope_reads_as_it_was() -> None:
     plain = audit_payload(row)
     row["payload_json"] = json.dumps(_whole(event))  # a row stored before this change
     assert audit_payload(row) == plain == _whole(event)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policies=policies, operations=ops(), batch=st.integers(1, 9))
+def test_call_rows_folded_in_batches_read_back_as_the_fold_of_the_log(
+    policies: list[Policy], operations: list[Op], batch: int
+) -> None:
+    """Each batch reads the stored states back (:func:`state_of_row`) and folds onto them: a
+    field the row lost would change a later state."""
+    sim = Simulation(policies)
+    sim.run(operations)
+    events = [(e, Position(0, n)) for n, e in enumerate(sim.log)]
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(sqlite_projection.DDL)
+    for lo in range(0, len(events), batch):
+        sqlite_projection.apply(conn, events[lo : lo + batch])
+    select = f"SELECT {', '.join(STATE_COLUMNS)} FROM tool_calls"
+    read = {
+        row["call_key"]: state_of_row(row)
+        for row in (dict(zip(STATE_COLUMNS, v, strict=True)) for v in conn.execute(select))
+    }
+    assert read == fold_all(sim.log)
+    for key, state in read.items():  # and the row holds only what its columns do not
+        assert set(json.loads(call_row(key, state)["state_json"])) <= {
+            "context",
+            "round_attempts",
+            "job",
+            "job_updates",
+        }
+
+
+def test_a_call_row_holding_a_nul_keeps_the_whole_state() -> None:
+    event = _started(tool="send\x00mail", call_key='["acme","send\\u0000mail","k1"]')
+    state = fold_all([event])[event.call_key]
+    row = call_row(event.call_key, state)
+    assert CallState.model_validate_json(row["state_json"]) == state
+    row["tool_name"] = "send\ufffdmail"  # what a PostgreSQL text column keeps
+    assert state_of_row(row) == state
