@@ -93,6 +93,7 @@ from bench.common import (
     workload_meta,
     write_result,
 )
+from processors.runtime.packing import unpack
 from producers.client import CallResult, TrustedContext
 from projections import sqlite as projection
 from schemas.codec import decode
@@ -184,12 +185,13 @@ class Checks:
 
 @dataclass(frozen=True)
 class RowSample:
-    """Byte-exact rows of one call, read back from the ledger file."""
+    """Byte-exact rows of one call, read back from the ledger file (values as stored: packed,
+    so the raw baseline writes as many bytes as the ledger)."""
 
     intent_key: bytes
     intent_value: bytes
     outcome_value: bytes
-    state_json: str
+    state_json: bytes
     call_row: dict[str, Any]
 
 
@@ -300,14 +302,14 @@ def read_back(path: Path, sample: bool) -> tuple[dict[str, int], RowSample | Non
             for (value,) in conn.execute(
                 "SELECT value FROM log WHERE topic = 'outcomes' ORDER BY offset DESC"
             )
-            if isinstance(decode(value), ToolCallSucceeded)
+            if isinstance(decode(unpack(value)), ToolCallSucceeded)
         )
         state_json = conn.execute("SELECT state_json FROM call_state LIMIT 1").fetchone()[0]
         cursor = conn.execute("SELECT * FROM tool_calls LIMIT 1")
         names = [d[0] for d in cursor.description]
         call_row = dict(zip(names, cursor.fetchone(), strict=True))
         return rows, RowSample(
-            bytes(intent_key), bytes(intent_value), outcome_value, str(state_json), call_row
+            bytes(intent_key), bytes(intent_value), outcome_value, bytes(state_json), call_row
         )
     finally:
         conn.close()

@@ -96,6 +96,7 @@ from rich.progress import (
 from rich.table import Table
 
 from bench.common import TOOL, Counter, make_registry, new_progress, write_result
+from processors.runtime.packing import unpack
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
@@ -698,7 +699,7 @@ def ledger_counts(path: Path) -> dict[str, int]:
         counts: Tally[str] = Tally()
         succeeded: set[str] = set()
         for (value,) in conn.execute("SELECT value FROM log WHERE topic = 'outcomes'"):
-            event = decode(bytes(value))
+            event = decode(unpack(bytes(value)))
             counts[event.TYPE] += 1
             if isinstance(event, ToolCallSucceeded):
                 succeeded.add(event.call_key)

@@ -35,6 +35,8 @@ import asyncio
 import contextlib
 import json
 import os
+import random
+import string
 import subprocess
 import sys
 import tempfile
@@ -50,7 +52,15 @@ from producers.client import TrustedContext
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")
 CALLERS = 64
-TEXT = "x" * 188  # {"text": "..."}: 200 bytes of arguments
+TEXT_BYTES = 188  # {"text": "..."}: 200 bytes of arguments
+
+
+def text(i: int) -> str:
+    """Call ``i``'s text: random letters and digits (as incompressible as an argument that
+    carries information), the same on every run."""
+    return "".join(random.Random(i).choices(string.ascii_letters + string.digits, k=TEXT_BYTES))
+
+
 AUDIT_ROUND_S = 10.0
 
 
@@ -71,7 +81,7 @@ async def _callers(ledger: Any, first: int, count: int, prefix: str) -> None:
     async def caller() -> None:
         for i in queue:
             result = await ledger.client.call(
-                TOOL, {"text": TEXT}, idempotency_key=f"{prefix}-{i}", context=CONTEXT
+                TOOL, {"text": text(i)}, idempotency_key=f"{prefix}-{i}", context=CONTEXT
             )
             if not result.ok or result.replayed:
                 raise RuntimeError(f"call {i}: {result}")
@@ -138,7 +148,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     async with EmbeddedLedger(path, registry) as ledger:
         last = f"{prefix}-{calls - 1}"
         replay = await ledger.client.call(
-            TOOL, {"text": TEXT}, idempotency_key=last, context=CONTEXT
+            TOOL, {"text": text(calls - 1)}, idempotency_key=last, context=CONTEXT
         )
         reopen_s = time.perf_counter() - started
         expired = replay.ok and not replay.replayed

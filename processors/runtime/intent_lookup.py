@@ -16,6 +16,7 @@ import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from processors.runtime.packing import unpack
 from processors.runtime.sqlite_log import INTENTS
 from schemas.codec import CodecError, decode
 from schemas.events import ToolCallRequested
@@ -73,7 +74,7 @@ class SqliteIntentLookup:
         found = []
         for (value,) in rows:
             try:
-                event = decode(value)
+                event = decode(unpack(value))
             except CodecError:
                 continue  # dead-lettered by the executor: never an approval's intent
             if isinstance(event, ToolCallRequested) and event.envelope.call_key == call_key:

@@ -45,6 +45,7 @@ from processors.runtime.ledger_file import (
     traces,
     write_failure,
 )
+from processors.runtime.packing import EVENTS, unpack
 from processors.runtime.state_table import Reader, transaction
 from schemas.codec import CodecError, decode
 from schemas.events import Event
@@ -314,7 +315,7 @@ class SqliteLog:
             offset = self._next_offset(topic, partition)
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
-            rows.append((topic, partition, offset, key, value))
+            rows.append((topic, partition, offset, key, EVENTS.pack(value)))
             if now - self._marked.get((topic, partition), float("-inf")) >= self.mark_interval_s:
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
@@ -446,7 +447,7 @@ class SqliteLog:
         """Outcome events, call states, dead letters, projections and the position."""
         conn = self._writes
         offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
-        state_table.put_batch(conn, batch)  # expired keys: the state goes, not the audit
+        state_table.put_batch(conn, batch, packed=True)  # expired: the state goes, not the audit
         conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -499,7 +500,7 @@ def _records(
     conn: sqlite3.Connection, topic: str, partition: int, from_offset: int, limit: int
 ) -> list[tuple[int, bytes]]:
     return [
-        (int(o), bytes(v))
+        (int(o), unpack(v))
         for o, v in conn.execute(
             "SELECT offset, value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
             "ORDER BY offset LIMIT ?",
