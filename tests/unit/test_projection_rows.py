@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.ledger import CallState, fold_all
+from processors.ledger import CallState, Policy, fold_all
 from processors.toolsets.helpdesk import HelpdeskStore
 from projections import sqlite as sqlite_projection
 from projections.rows import (
@@ -30,7 +30,7 @@ from projections.sqlite import SqliteCalls
 from schemas.events import Envelope, Event, ToolCallStarted
 from schemas.keys import call_id_for
 from tests.contract.harness import contract_registry
-from tests.unit.test_ledger_properties import Op, Policy, Simulation, ops, policies
+from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
 
