@@ -38,7 +38,7 @@ from projections.dialect import POSTGRES, Query
 from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
-    STATE_COLUMNS,
+    STATE_SELECT,
     Position,
     call_row,
     event_row,
@@ -280,7 +280,7 @@ _UPSERT_CALLS_FROM_STAGE: Final = sql.SQL(
     "ON CONFLICT (call_key) DO UPDATE SET {update}"
 ).format(cols=_ids(CALL_COLUMNS), stage=sql.Identifier(_STAGE_CALLS), update=_UPDATE_CALLS)
 _STORED_STATES: Final = (  # an expired key's row keeps its last call, but the key is new
-    f"SELECT {', '.join(STATE_COLUMNS)} FROM tool_calls WHERE call_key = ANY(%b) "
+    f"SELECT {STATE_SELECT} FROM tool_calls WHERE call_key = ANY(%b) "
     "AND expired_at IS NULL FOR UPDATE"
 )
 _MARK_EXPIRED: Final = (

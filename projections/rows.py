@@ -76,10 +76,15 @@ _SLIM = {"envelope": set(ENVELOPE_COLUMNS)}
 def payload_json(event: Event) -> str:
     """The audit payload: the event as JSON with its ``type`` (outcome events are redacted),
     without the envelope fields its row holds as columns."""
-    env = event.envelope
-    whole = any("\x00" in getattr(env, field) for field in ENVELOPE_COLUMNS)
+    whole = _holds_nul(event.envelope, ENVELOPE_COLUMNS)
     body = event.model_dump_json(exclude=None if whole else _SLIM)
     return f'{{"type":"{event.TYPE}",' + body[1:]
+
+
+def _holds_nul(model: object, fields: Iterable[str]) -> bool:
+    """Whether a field its row also stores as a column holds a NUL (then the JSON keeps the
+    whole thing: the column of PostgreSQL text cannot)."""
+    return any("\x00" in (getattr(model, field) or "") for field in fields)
 
 
 def audit_payload(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,14 +164,15 @@ _STATE_FIELDS = (
     "updated_at",
     "last_event_id",
 )
+_STATE_TEXTS = ("first_intent_id", "result_json", "last_event_id")
 STATE_COLUMNS = ("state_json", "error_json", *_STATE_FIELDS, *_CONTEXT_COLUMNS.values())
+STATE_SELECT = ", ".join(STATE_COLUMNS)  # what both projectors read of a stored call row
 
 
 def state_json(state: CallState) -> str:
-    ctx = state.context
-    whole = any(
-        isinstance(v, str) and "\x00" in v for v in (*ctx.model_dump().values(), state.result_json)
-    )
+    """A call row's ``state_json``: the fields of :data:`_STATE_EXTRA` (the whole state when a
+    text its columns hold has a NUL: PostgreSQL's COPY tests this JSON for one)."""
+    whole = _holds_nul(state.context, _CONTEXT_COLUMNS) or _holds_nul(state, _STATE_TEXTS)
     return state.model_dump_json(include=None if whole else _STATE_EXTRA)
 
 

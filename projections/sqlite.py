@@ -21,6 +21,7 @@ from projections.rows import (
     CALL_COLUMNS,
     EVENT_COLUMNS,
     STATE_COLUMNS,
+    STATE_SELECT,
     Position,
     call_row,
     event_row,
@@ -201,7 +202,7 @@ def apply(
         marks = ", ".join("?" * len(chunk))
         cursor = conn.execute(
             # an expired key's row keeps its last call for support, but the key is new again
-            f"SELECT {_STATE_SELECT} FROM tool_calls WHERE call_id IN ({marks}) "
+            f"SELECT {STATE_SELECT} FROM tool_calls WHERE call_id IN ({marks}) "
             "AND expired_at IS NULL",
             chunk,
         )
@@ -211,9 +212,6 @@ def apply(
     changed = fold_new_events(stored, new)
     conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
     _mark_expired(conn, new)
-
-
-_STATE_SELECT = ", ".join(STATE_COLUMNS)
 
 
 def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
