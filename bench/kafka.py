@@ -92,7 +92,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import aiokafka
 import psycopg
@@ -365,7 +365,37 @@ class RawTopics:
     group: str
 
 
-class RelayService:
+class _Relay:
+    """What both raw relays share: the group consumer of A (``read_committed``, manual
+    offsets), the counters, and a start that waits for the assignment."""
+
+    def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
+        self.raw = raw
+        self.record_bytes = record_bytes
+        self.relayed = 0
+        self.batches = 0  # polled batches (plain) or transactions (transactional)
+        self.consumer = AIOKafkaConsumer(
+            raw.a, bootstrap_servers=bootstrap, group_id=raw.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            session_timeout_ms=SESSION_TIMEOUT_MS)
+
+    def answer(self, key: bytes | None) -> bytes:
+        """The ``record_bytes`` record relayed to B for an input with ``key``."""
+        return (key or b"").ljust(self.record_bytes, b".")
+
+    async def _join(self) -> None:
+        await self.consumer.start()
+        for _ in range(300):  # joined and assigned before the first record is sent
+            if len(self.consumer.assignment()) == PARTITIONS:
+                return
+            await asyncio.sleep(0.05)
+
+    def stats(self) -> dict[str, int]:
+        return {"relayed": self.relayed, "batches": self.batches,
+                "produce_retries": WARNINGS.produce_retries(), "cpu_ms": cpu_ms()}
+
+
+class RelayService(_Relay):
     """The raw pipe's middle: consume A, produce B. No ledger, no transactions.
 
     Consumer: group ``raw.group``, ``read_committed``, manual offsets. Per polled batch it
@@ -376,14 +406,7 @@ class RelayService:
     transactions, the state records and the call's two outcome events)."""
 
     def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
-        self.raw = raw
-        self.record_bytes = record_bytes
-        self.relayed = 0
-        self.batches = 0
-        self.consumer = AIOKafkaConsumer(
-            raw.a, bootstrap_servers=bootstrap, group_id=raw.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
-            session_timeout_ms=SESSION_TIMEOUT_MS)
+        super().__init__(bootstrap, raw, record_bytes)
         self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True,
                                          acks="all", linger_ms=LINGER_MS)
         self._task: asyncio.Task[None] | None = None
@@ -391,11 +414,7 @@ class RelayService:
 
     async def start(self) -> None:
         await self.producer.start()
-        await self.consumer.start()
-        for _ in range(300):  # joined and assigned before the first record is sent
-            if len(self.consumer.assignment()) == PARTITIONS:
-                break
-            await asyncio.sleep(0.05)
+        await self._join()
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
@@ -407,9 +426,9 @@ class RelayService:
             offsets = {}
             for tp, records in batches.items():
                 for record in records:
-                    value = (record.key or b"").ljust(self.record_bytes, b".")
                     delivered.append(await self.producer.send(
-                        self.raw.b, value, key=record.key, partition=tp.partition))
+                        self.raw.b, self.answer(record.key), key=record.key,
+                        partition=tp.partition))
                 offsets[tp] = records[-1].offset + 1
             self._last_commit = asyncio.create_task(
                 self._commit_when_acked(self._last_commit, delivered, offsets))
@@ -434,12 +453,7 @@ class RelayService:
         await self.consumer.stop()
         await self.producer.stop()
 
-    def stats(self) -> dict[str, int]:
-        return {"relayed": self.relayed, "batches": self.batches,
-                "produce_retries": WARNINGS.produce_retries(), "cpu_ms": cpu_ms()}
-
-
-class TransactionalRelayService:
+class TransactionalRelayService(_Relay):
     """The raw *transactional* pipe's middle: what any exactly-once design on Kafka pays.
 
     The same group consumer (``read_committed``, manual offsets) as :class:`RelayService`,
@@ -452,14 +466,7 @@ class TransactionalRelayService:
     may (the floor, not a ledger: no state records, one output per input)."""
 
     def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
-        self.raw = raw
-        self.record_bytes = record_bytes
-        self.relayed = 0
-        self.batches = 0  # transactions
-        self.consumer = AIOKafkaConsumer(
-            raw.a, bootstrap_servers=bootstrap, group_id=raw.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
-            session_timeout_ms=SESSION_TIMEOUT_MS)
+        super().__init__(bootstrap, raw, record_bytes)
         self.producers = [
             AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{raw.group}-{p}",
                              enable_idempotence=True, acks="all", linger_ms=LINGER_MS)
@@ -471,11 +478,7 @@ class TransactionalRelayService:
     async def start(self) -> None:
         for producer in self.producers:
             await producer.start()  # init_transactions
-        await self.consumer.start()
-        for _ in range(300):  # joined and assigned before the first record is sent
-            if len(self.consumer.assignment()) == PARTITIONS:
-                break
-            await asyncio.sleep(0.05)
+        await self._join()
         self._tasks = [asyncio.create_task(self._relay(p)) for p in range(PARTITIONS)]
         self._tasks.append(asyncio.create_task(self._poll()))
 
@@ -497,8 +500,8 @@ class TransactionalRelayService:
                 continue
             await producer.begin_transaction()
             for record in records:
-                await producer.send(self.raw.b, (record.key or b"").ljust(self.record_bytes, b"."),
-                                    key=record.key, partition=partition)
+                await producer.send(self.raw.b, self.answer(record.key), key=record.key,
+                                    partition=partition)
             await producer.send_offsets_to_transaction({tp: records[-1].offset + 1},
                                                        self.raw.group)
             await producer.commit_transaction()
@@ -514,11 +517,6 @@ class TransactionalRelayService:
         await self.consumer.stop()
         for producer in self.producers:
             await producer.stop()
-
-    def stats(self) -> dict[str, int]:
-        return {"relayed": self.relayed, "batches": self.batches,
-                "produce_retries": WARNINGS.produce_retries(), "cpu_ms": cpu_ms()}
-
 
 class RawSender:
     """The raw pipe's ends: produce to A and await the answer from B, resolved by key."""
@@ -679,19 +677,30 @@ async def start_side(mode: str, kind: str, bootstrap: str, prefix: str,
     return await InProcess.start(relay_service(kind, bootstrap, prefix, record_bytes)), None
 
 
-RELAYS = ("relay", "txrelay")  # the plain raw pipe and the transactional one
+@dataclass(frozen=True)
+class RelayKind:
+    """A raw pipe: the prefix of its topics and group, its label, its relay."""
+
+    topics: str
+    label: str
+    service: type[RelayService] | type[TransactionalRelayService]
+
+
+# the plain raw pipe and the transactional one; each has topics and a group of its own, so
+# that neither reads what the other wrote
+RELAY_KINDS: Final = {
+    "relay": RelayKind("raw", "raw pipe", RelayService),
+    "txrelay": RelayKind("rawtx", "raw txn pipe", TransactionalRelayService),
+}
+RELAYS = tuple(RELAY_KINDS)
 
 
 def relay_service(kind: str, bootstrap: str, prefix: str, record_bytes: int) -> Service:
-    if kind == "txrelay":
-        return TransactionalRelayService(bootstrap, raw_topics(prefix, kind), record_bytes)
-    return RelayService(bootstrap, raw_topics(prefix, kind), record_bytes)
+    return RELAY_KINDS[kind].service(bootstrap, raw_topics(prefix, kind), record_bytes)
 
 
 def raw_topics(prefix: str, kind: str = "relay") -> RawTopics:
-    """Each raw pipe has topics and a group of its own (``raw-*`` plain, ``rawtx-*``
-    transactional), so that neither reads what the other wrote."""
-    name = "raw" if kind == "relay" else "rawtx"
+    name = RELAY_KINDS[kind].topics
     return RawTopics(f"{prefix}{name}-a", f"{prefix}{name}-b", f"{prefix}{name}-relay")
 
 
@@ -1084,7 +1093,7 @@ class RawPipeRun:
 async def run_raw_pipe(kind: str, args: argparse.Namespace, bootstrap: str, prefix: str,
                        progress: Progress) -> RawPipeRun:
     """The raw pipe ``kind`` (:data:`RELAYS`) measured as the ledger is, with its own topics."""
-    name = "raw pipe" if kind == "relay" else "raw txn pipe"
+    name = RELAY_KINDS[kind].label
     raw = raw_topics(prefix, kind)
     relay, _ = await start_side(args.executor, kind, bootstrap, prefix, args.record_bytes)
     sender = RawSender(bootstrap, raw, args.record_bytes)
