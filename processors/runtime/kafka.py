@@ -28,7 +28,6 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +175,12 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
     """Bring the local store up to the end (last stable offset) of its partition of the
     state topic, from its checkpoint; returns how many records were read.
 
-    The records are applied in chunks of about :data:`RESTORE_CHUNK_BYTES`, each one
-    transaction with the offset after it, in a thread while the next chunk is fetched: a
-    call key's place in the store's index is random, so a transaction rewrites a page of the
-    index per key it holds, and a few large ones write each page once where a transaction
-    per fetch wrote it hundreds of times (a crash loses at most the chunk in flight: the
-    checkpoint says where to go on)."""
+    A store that has read nothing (a takeover on a new host, or a store rebuilt) is loaded
+    cold: the whole partition into a new file, indexed once at the end, which then replaces
+    the store (:meth:`LocalStore.cold_load`). Otherwise the tail is applied in chunks of
+    about :data:`RESTORE_CHUNK_BYTES`, each one transaction with the offset after it (a
+    crash loses at most the chunk in flight: the checkpoint says where to go on). Either
+    way a chunk is written in a thread while the next one is fetched."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -204,46 +203,72 @@ async def restore_local(bootstrap: str, topics: Topics, local: LocalStore) -> in
                 "of keys expired since may have been compacted away"
             )
         consumer.seek(tp, max(local.checkpoint, begin))
-        read = 0
-        applying: asyncio.Future[None] | None = None
+        if local.checkpoint == 0 and end > begin:
+            load = local.cold_load()
+            try:
+                read, position = await _apply_chunks(
+                    consumer, tp, end, lambda pairs, _position: load.add(pairs)
+                )
+                await asyncio.to_thread(local.adopt, load, position)
+            except BaseException:
+                load.abort()
+                raise
+            return read
         with local.bulk():
-            while (position := await consumer.position(tp)) < end or applying is not None:
-                chunk, position = await _state_chunk(consumer, tp, end)
-                read += chunk.records
-                if applying is not None:  # one chunk in flight: memory holds two at most
-                    await applying
-                    applying = None
-                if chunk.pairs or position > local.checkpoint:
-                    apply = asyncio.to_thread(local.apply, chunk.pairs, position)
-                    applying = asyncio.ensure_future(apply)
+            read, _ = await _apply_chunks(consumer, tp, end, local.apply)
         return read
     finally:
         await consumer.stop()
 
 
-@dataclass(slots=True)
-class _Chunk:
-    pairs: list[tuple[str, bytes | None, StateMeta | None]] = field(default_factory=list)
-    records: int = 0  # read, with those that carry no key
+_Pairs = list[tuple[str, bytes | None, StateMeta | None]]
+
+
+async def _apply_chunks(
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    end: int,
+    apply: Callable[[_Pairs, int], None],
+) -> tuple[int, int]:
+    """Fetch the partition up to ``end`` in chunks and ``apply(pairs, position after them)``
+    each in a thread while the next is fetched (one in flight: memory holds two at most);
+    returns the records read and the position reached."""
+    read = 0
+    position = await consumer.position(tp)
+    applying: asyncio.Future[None] | None = None
+    while position < end or applying is not None:
+        pairs, records, after = await _state_chunk(consumer, tp, end)
+        read += records
+        if applying is not None:
+            await applying
+            applying = None
+        if pairs or after > position:
+            applying = asyncio.ensure_future(asyncio.to_thread(apply, pairs, after))
+        position = after
+    return read, position
 
 
 async def _state_chunk(
     consumer: AIOKafkaConsumer, tp: TopicPartition, end: int
-) -> tuple[_Chunk, int]:
+) -> tuple[_Pairs, int, int]:
     """State records from the consumer's position, up to ``end`` or about
-    :data:`RESTORE_CHUNK_BYTES`; returns them and the position after them."""
-    chunk = _Chunk()
-    size = 0
+    :data:`RESTORE_CHUNK_BYTES`, as pairs; returns them, how many records were read (with
+    those that carry no key) and the position after them. Each fetch is made pairs as it
+    comes (a whole chunk at once would hold the loop, and the fetches it has in flight)."""
+    pairs: _Pairs = []
+    read = size = 0
     position = await consumer.position(tp)
     while position < end and size < RESTORE_CHUNK_BYTES:
         records = (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
-        for r in records:
-            if r.key is not None:
-                chunk.pairs.append((r.key.decode("utf-8"), r.value, meta_of_headers(r.headers)))
-                size += len(r.key) + len(r.value or b"")
-        chunk.records += len(records)
+        pairs += [
+            (r.key.decode("utf-8"), r.value, meta_of_headers(r.headers))
+            for r in records
+            if r.key is not None
+        ]
+        size += sum(r.serialized_value_size for r in records)
+        read += len(records)
         position = await consumer.position(tp)
-    return chunk, position
+    return pairs, read, position
 
 
 # A state record's row fields, so that a restore into a local store need not parse its JSON.
@@ -260,8 +285,12 @@ def meta_headers(meta: StateMeta) -> list[tuple[str, bytes]]:
 
 
 def meta_of_headers(headers: Sequence[tuple[str, bytes]] | None) -> StateMeta | None:
-    found = dict(headers or ())
-    tool, settled = found.get(TOOL_HEADER), found.get(SETTLED_HEADER)
+    tool = settled = None
+    for name, value in headers or ():  # once per record of a restore: no dict
+        if name == TOOL_HEADER:
+            tool = value
+        elif name == SETTLED_HEADER:
+            settled = value
     if tool is None or settled is None:
         return None
     return tool.decode("utf-8"), float(settled) if settled else None

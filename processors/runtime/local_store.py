@@ -5,8 +5,10 @@ of the partition of the compacted ``state`` topic, with the changelog offset it 
 (the *checkpoint*), written in the same transaction as the pairs it covers. So:
 
 * a restart on the same disk reads only the topic's tail, from the checkpoint;
-* a takeover on a new host (no file) restores the partition once, into the file; the
-  executor's memory holds only its working set (:mod:`processors.runtime.key_cache`);
+* a takeover on a new host (no file) restores the partition once, into a new file that
+  takes the store's place once it is whole (:class:`ColdLoad`: rows appended in log order,
+  indexes built after them by sorting, not a random index insert per key); the executor's
+  memory holds only its working set (:mod:`processors.runtime.key_cache`);
 * a file that does not belong to this topic partition (another cluster, group, topic or
   partition count), that is ahead of its topic (the topic was recreated), or that cannot be
   read is rebuilt from the topic, with a log line: it is only a cache, never the truth.
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 
 from processors.ports import Snapshot
@@ -163,6 +167,24 @@ class LocalStore:
     def identity_partition(self) -> int:
         return int(self.identity["partition"])
 
+    def cold_load(self) -> ColdLoad:
+        """A load of the whole topic partition into a new file (:meth:`adopt` it once whole);
+        for a store that has read nothing yet (checkpoint 0)."""
+        return ColdLoad(Path(f"{self.path}.restoring"), self.identity_partition)
+
+    def adopt(self, load: ColdLoad, checkpoint: int) -> None:
+        """Make ``load``'s file this store, at ``checkpoint``: its indexes are built, it is
+        synced, then renamed over the store's file (a crash before leaves the store as it
+        was; the next cold restore starts its file again)."""
+        load.finish(self.identity, checkpoint)
+        self._reader.close()
+        self.conn.close()
+        for suffix in ("-wal", "-shm"):  # never replayed onto the new file
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        os.replace(load.path, self.path)
+        _sync_directory(self.path.parent)
+        self.conn = self._open()
+
     # -- reads --------------------------------------------------------------------------------
 
     def live(self) -> Snapshot:
@@ -172,6 +194,132 @@ class LocalStore:
     def reader(self) -> Reader:
         """Key states for the worker's threads."""
         return self._reader
+
+
+class ColdLoad:
+    """A cold restore's file: the state topic's pairs appended in log order to tables
+    without indexes (no syncs: until it is adopted the file is nobody's, and an unfinished one
+    is started again), then indexed once, by sorting, in :meth:`finish`.
+
+    The last pair of a key wins as it does in :func:`~processors.runtime.state_table.put_pairs`:
+    a chunk keeps its last pair per key, chunks are appended in log order, and ``finish``
+    keeps the last row per key (a tombstone's row too, then drops it). Books go to a table of
+    their own and are merged into their keys' rows at the end; switches and refused offsets
+    (a handful) are written as they come."""
+
+    def __init__(self, path: Path, partition: int) -> None:
+        self.path = path
+        self._partition = partition
+        self._tombstones = False  # whether a state's tombstone was appended
+        self.abort()  # what an earlier, unfinished load left
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            for pragma in (
+                f"page_size={PAGE_SIZE}",
+                # a rollback journal in memory: appended pages need none, and a statement
+                # that fails (the key index over a repeated key) is undone
+                "journal_mode=MEMORY",
+                "synchronous=OFF",
+                f"cache_size={-BULK_CACHE_KIB}",
+                "threads=2",  # the indexes' sorts in finish, on helper threads
+            ):
+                self._conn.execute(f"PRAGMA {pragma}")
+            self._conn.execute(_META)
+            self._conn.execute(state_table.BULK_TABLE)
+            self._conn.execute(
+                "CREATE TEMP TABLE restore_books (call_key TEXT NOT NULL, book_json TEXT)"
+            )
+            state_table.create(self._conn)  # the rest: executor_state (indexes: in finish)
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, pairs: Iterable[tuple[str, bytes | None, StateMeta | None]]) -> None:
+        """Append pairs of the topic (every pair, in log order: :meth:`finish` keeps the last
+        row of each key)."""
+        rows = state_table.pair_rows(pairs, self._partition, last_only=False)
+        self._tombstones = self._tombstones or any(row[4] is None for row in rows.states)
+        with transaction(self._conn) as conn:
+            _insert_many(
+                conn, "INSERT INTO call_state VALUES ", "(?, ?, ?, ?, ?, NULL)", rows.states
+            )
+            conn.executemany("INSERT INTO restore_books VALUES (?, ?)", rows.books)
+            # the last pair of each (a handful): written in place, not appended
+            state_table.put_governance(conn, self._partition, dict(rows.governance).items())
+
+    def finish(self, identity: Mapping[str, str], checkpoint: int) -> None:
+        """The last row of each key, the books merged, the indexes, the meta; synced, closed."""
+        conn = self._conn
+        with transaction(conn):
+            try:
+                conn.execute(state_table.BULK_KEY_INDEX)
+            except sqlite3.IntegrityError:  # a key more than once (the topic's uncompacted head)
+                conn.execute(
+                    "DELETE FROM call_state WHERE rowid NOT IN "
+                    "(SELECT MAX(rowid) FROM call_state GROUP BY call_key)"
+                )
+                conn.execute(state_table.BULK_KEY_INDEX)
+            if self._tombstones:  # (a scan of the whole table)
+                conn.execute("DELETE FROM call_state WHERE state_json IS NULL")
+            conn.execute(
+                "INSERT INTO call_state (call_key, partition, book_json) "
+                "SELECT call_key, ?, book_json FROM restore_books WHERE rowid IN "
+                "(SELECT MAX(rowid) FROM restore_books GROUP BY call_key) "
+                "AND book_json IS NOT NULL "
+                "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json",
+                (self._partition,),
+            )
+            conn.execute("DROP TABLE restore_books")
+            state_table.create(conn)  # the due and unresolved indexes
+            conn.executemany(
+                "INSERT INTO meta VALUES (?, ?)",
+                [
+                    ("identity", _render(identity)),
+                    ("checkpoint", str(checkpoint)),
+                    ("checkpoint_at", repr(time.time())),
+                ],
+            )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.close()
+        with open(self.path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+    def abort(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
+
+_ROWS_PER_STATEMENT = 5000
+
+
+def _insert_many(
+    conn: sqlite3.Connection, insert: str, row: str, rows: Sequence[tuple[object, ...]]
+) -> None:
+    """``rows`` with up to :data:`_ROWS_PER_STATEMENT` rows per statement: sqlite3 releases
+    the GIL for each step of a statement and takes it back after, so one step per row would
+    queue this thread behind the event loop's (a restore fetches while it writes) once per
+    row."""
+    width = row.count("?")
+    n = min(_ROWS_PER_STATEMENT, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
+    whole = len(rows) - len(rows) % n
+    if whole:
+        many = insert + ", ".join([row] * n)
+        conn.executemany(
+            many, [tuple(chain.from_iterable(rows[i : i + n])) for i in range(0, whole, n)]
+        )
+    conn.executemany(insert + row, rows[whole:])
+
+
+def _sync_directory(directory: Path) -> None:
+    """A rename is durable once its directory is synced."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 class _Mismatch(Exception):

@@ -21,6 +21,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -49,6 +50,15 @@ CREATE TABLE IF NOT EXISTS executor_state (
     partition INTEGER NOT NULL, key TEXT NOT NULL, value_json TEXT NOT NULL,
     PRIMARY KEY (partition, key));
 """
+
+# A call_state loaded in bulk (a Kafka executor's cold restore, into a new file): DDL's table,
+# but with the key's uniqueness in an index of its own, built after the rows by one sort (a
+# primary key's index would take the keys one random insert at a time). Reads and upserts
+# (ON CONFLICT (call_key)) find either the same.
+BULK_TABLE = """CREATE TABLE call_state (
+    call_key TEXT NOT NULL, partition INTEGER NOT NULL, tool TEXT, settled_at REAL,
+    state_json TEXT, book_json TEXT)"""
+BULK_KEY_INDEX = "CREATE UNIQUE INDEX call_state_key ON call_state (call_key)"
 
 _UNRESOLVED = frozenset({CallStatus.PENDING.value, CallStatus.UNKNOWN.value})
 _READ_CHUNK = 500  # keys per statement: well under SQLite's limit of bound parameters
@@ -167,7 +177,7 @@ def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, packed: bool = Fa
         _upsert_state(conn, key, p, STATES.pack(text.encode()) if packed else text, state)
     for key, book in batch.approvals.items():
         _upsert_book(conn, key, p, book.model_dump_json())
-    _put_governance(conn, p, switch_pairs(batch))
+    put_governance(conn, p, switch_pairs(batch))
 
 
 StateMeta = tuple[str, float | None]  # (tool, settled_at): what a row needs of a state
@@ -175,6 +185,49 @@ StateMeta = tuple[str, float | None]  # (tool, settled_at): what a row needs of 
 
 def state_meta(state: CallState) -> StateMeta:
     return state.context.tool, settled_at(state.status.value, state.updated_at)
+
+
+@dataclass(slots=True)
+class PairRows:
+    """Pairs of the state topic as rows of the tables: the last pair of each key only (it
+    replaces the earlier ones), split by what it is. A ``None`` text is a tombstone."""
+
+    states: list[tuple[str, int, str | None, float | None, str | None]] = field(
+        default_factory=list
+    )  # (call key, partition, tool, settled_at, state JSON)
+    books: list[tuple[str, str | None]] = field(default_factory=list)  # (call key, book JSON)
+    governance: list[tuple[str, str | None]] = field(default_factory=list)  # (key, JSON)
+
+
+def pair_rows(
+    pairs: Iterable[tuple[str, bytes | None, StateMeta | None]],
+    partition: int,
+    *,
+    last_only: bool = True,
+) -> PairRows:
+    """Pairs of the state topic in log order, with each state's row fields when the record
+    carried them (else they are read from its JSON), as :class:`PairRows`. ``last_only``
+    False: every pair, in order (for a loader that keeps the last row of each key itself)."""
+    if last_only:
+        last: dict[str, tuple[bytes | None, StateMeta | None]] = {}
+        for key, value, meta in pairs:
+            last.pop(key, None)
+            last[key] = (value, meta)
+        pairs = ((key, value, meta) for key, (value, meta) in last.items())
+    rows = PairRows()
+    states, books, governance = rows.states, rows.books, rows.governance
+    for key, value, meta in pairs:
+        text = None if value is None else value.decode("utf-8")
+        if key.startswith(APPROVALS_PREFIX):
+            books.append((key.removeprefix(APPROVALS_PREFIX), text))
+        elif key.startswith(SWITCH_PREFIX) or key == REFUSED_KEY:
+            governance.append((key, text))
+        elif text is None:
+            states.append((key, partition, None, None, None))
+        else:
+            tool, settled = meta if meta is not None else _meta_of_json(text)
+            states.append((key, partition, tool, settled, text))
+    return rows
 
 
 def put_pairs(
@@ -185,36 +238,16 @@ def put_pairs(
     """Pairs of the state topic in log order (a ``None`` value is a tombstone), with each
     state's row fields when the record carried them (else they are read from its JSON).
 
-    Only the last pair of each key counts (it replaces the earlier ones), and a call key's
-    state and its book are separate columns, so the pairs are written in bulk: upserts,
-    then tombstones, then the rows left empty are dropped."""
-    last: dict[str, tuple[bytes | None, StateMeta | None]] = {}
-    for key, value, meta in pairs:
-        last.pop(key, None)
-        last[key] = (value, meta)
-    states, books, governance = [], [], []
-    cleared_states, cleared_books, cleared_governance = [], [], []
-    for key, (value, meta) in last.items():
-        text = None if value is None else value.decode("utf-8")
-        if key.startswith(APPROVALS_PREFIX):
-            call_key = key.removeprefix(APPROVALS_PREFIX)
-            if text is None:
-                cleared_books.append((call_key,))
-            else:
-                books.append((call_key, partition, text))
-        elif key.startswith(SWITCH_PREFIX) or key == REFUSED_KEY:
-            if text is None:
-                cleared_governance.append((partition, key))
-            else:
-                governance.append((key, text))
-        elif text is None:
-            cleared_states.append((key,))
-        else:
-            tool, settled = meta if meta is not None else _meta_of_json(text)
-            states.append((key, partition, tool, settled, text))
-    conn.executemany(_UPSERT_STATE, states)
-    conn.executemany(_UPSERT_BOOK, books)
-    _put_governance(conn, partition, governance)
+    A call key's state and its book are separate columns, so the pairs are written in bulk:
+    upserts, then tombstones, then the rows left empty are dropped."""
+    rows = pair_rows(pairs, partition)
+    cleared_states = [(key,) for key, _, _, _, text in rows.states if text is None]
+    cleared_books = [(key,) for key, text in rows.books if text is None]
+    conn.executemany(_UPSERT_STATE, [row for row in rows.states if row[4] is not None])
+    conn.executemany(
+        _UPSERT_BOOK, [(key, partition, text) for key, text in rows.books if text is not None]
+    )
+    put_governance(conn, partition, rows.governance)
     conn.executemany(
         "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
         "WHERE call_key = ?",
@@ -224,9 +257,6 @@ def put_pairs(
     conn.executemany(
         "DELETE FROM call_state WHERE call_key = ? AND state_json IS NULL AND book_json IS NULL",
         cleared_states + cleared_books,
-    )
-    conn.executemany(
-        "DELETE FROM executor_state WHERE partition = ? AND key = ?", cleared_governance
     )
 
 
@@ -259,13 +289,19 @@ def _upsert_book(conn: sqlite3.Connection, key: str, partition: int, book_json: 
     conn.execute(_UPSERT_BOOK, (key, partition, book_json))
 
 
-def _put_governance(
-    conn: sqlite3.Connection, partition: int, pairs: Iterable[tuple[str, str]]
+def put_governance(
+    conn: sqlite3.Connection, partition: int, pairs: Iterable[tuple[str, str | None]]
 ) -> None:
+    """Switches and refused offsets (a ``None`` value: the pair is gone)."""
+    pairs = list(pairs)
     conn.executemany(
         "INSERT INTO executor_state VALUES (?, ?, ?) ON CONFLICT (partition, key) "
         "DO UPDATE SET value_json = excluded.value_json",
-        [(partition, k, v) for k, v in pairs],
+        [(partition, k, v) for k, v in pairs if v is not None],
+    )
+    conn.executemany(
+        "DELETE FROM executor_state WHERE partition = ? AND key = ?",
+        [(partition, k) for k, v in pairs if v is None],
     )
 
 

@@ -4,21 +4,26 @@ a local store of anything else, or a damaged one, is rebuilt instead of used."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import sqlite3
+import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from processors.ledger import CallContext, CallState
-from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
+from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
 from processors.ports import CommitBatch
 from processors.runtime import state_table
 from processors.runtime.kafka import meta_headers, meta_of_headers
 from processors.runtime.local_store import LocalStore
-from processors.runtime.snapshot import topic_pairs
+from processors.runtime.snapshot import APPROVALS_PREFIX, REFUSED_KEY, SWITCH_PREFIX, topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
@@ -185,6 +190,97 @@ def test_a_damaged_local_store_is_rebuilt(tmp_path: Path, caplog: pytest.LogCapt
     try:
         assert store.checkpoint == 0
         assert "cannot be read" in caplog.text
+    finally:
+        store.close()
+
+
+_PAIR_KEYS = [*KEYS, f"{APPROVALS_PREFIX}{KEYS[0]}", f"{APPROVALS_PREFIX}{KEYS[1]}"]
+
+
+def _pair_value(key: str, n: int) -> bytes | None:
+    """A stored value for ``key`` (variant ``n``; 0 is a tombstone)."""
+    if n == 0:
+        return None
+    if key.startswith(APPROVALS_PREFIX):
+        return _book(f"apr_{n}").model_dump_json().encode()
+    if key.startswith(SWITCH_PREFIX):
+        switch = Switch(
+            tenant_id="acme",
+            tool="op",
+            enabled=n % 2 == 0,
+            reason=f"r{n}",
+            actor="ops",
+            changed_at=T0,
+            intent_id=f"i{n}",
+        )
+        return switch.model_dump_json().encode()
+    if key == REFUSED_KEY:
+        return json.dumps(list(range(n))).encode()
+    status = (CallStatus.PENDING, CallStatus.SUCCEEDED, CallStatus.UNKNOWN)[n % 3]
+    return _state(key, status, T0 + timedelta(seconds=n)).model_dump_json().encode()
+
+
+_TOPIC_PAIRS = st.lists(
+    st.tuples(
+        st.sampled_from([*_PAIR_KEYS, f"{SWITCH_PREFIX}acme:op", REFUSED_KEY]),
+        st.integers(0, 5),
+        st.booleans(),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=_TOPIC_PAIRS, cuts=st.lists(st.integers(0, 30), max_size=5))
+def test_a_cold_load_makes_the_store_that_the_pairs_applied_in_order_make(
+    records: list[tuple[str, int, bool]], cuts: list[int]
+) -> None:
+    """A cold restore appends the topic's pairs to unindexed tables and keeps the last row of
+    each key when it builds the indexes; cut into any chunks, it must leave exactly the
+    tables (and checkpoint) that applying the pairs one at a time leaves: repeated keys,
+    tombstones of states and books, books of keys with and without a state, switches."""
+    pairs = []
+    for key, n, headers in records:
+        value = _pair_value(key, n)
+        meta = None
+        if headers and value is not None and key in KEYS:
+            meta = state_meta(CallState.model_validate_json(value))
+        pairs.append((key, value, meta))
+    with tempfile.TemporaryDirectory() as tmp:
+        one_by_one = LocalStore(Path(tmp) / "a.db", IDENTITY)
+        cold = LocalStore(Path(tmp) / "b.db", IDENTITY)
+        try:
+            for offset, pair in enumerate(pairs):
+                one_by_one.apply([pair], offset + 1)
+            load = cold.cold_load()
+            bounds = sorted({0, len(pairs), *(c for c in cuts if c <= len(pairs))})
+            for start, stop in itertools.pairwise(bounds):
+                load.add(pairs[start:stop])
+            cold.adopt(load, len(pairs))
+            assert not load.path.exists()
+            assert _rows(cold.conn) == _rows(one_by_one.conn)
+            assert cold.checkpoint == one_by_one.checkpoint == len(pairs)
+            assert cold.live() == one_by_one.live()
+            assert cold.reader.read(KEYS) == one_by_one.reader.read(KEYS)
+        finally:
+            one_by_one.close()
+            cold.close()
+
+
+def test_an_unfinished_cold_load_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    """A cold restore that dies before its file is adopted changes nothing: the store keeps
+    its (empty) tables and checkpoint 0, and the next cold load starts a new file."""
+    store = LocalStore(tmp_path / "p0.db", IDENTITY)
+    try:
+        load = store.cold_load()
+        load.add(_pairs(_batches()[0]))
+        assert load.path.exists()
+        again = store.cold_load()  # the next takeover, after a crash
+        assert store.checkpoint == 0 and store.reader.read(KEYS) == {}
+        again.add(_pairs(_batches()[1]))
+        store.adopt(again, 9)
+        assert store.checkpoint == 9
+        assert set(store.reader.read(KEYS)) == {KEYS[0]}
     finally:
         store.close()
 
