@@ -93,11 +93,11 @@ from bench.common import (
     workload_meta,
     write_result,
 )
-from processors.runtime.packing import unpack
 from producers.client import CallResult, TrustedContext
 from projections import sqlite as projection
 from schemas.codec import decode
 from schemas.events import ToolCallSucceeded
+from schemas.packing import unpack
 from toolledger import Ledger
 from toolledger.embedded import EmbeddedLedger
 

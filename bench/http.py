@@ -96,13 +96,13 @@ from rich.progress import (
 from rich.table import Table
 
 from bench.common import TOOL, Counter, make_registry, new_progress, write_result
-from processors.runtime.packing import unpack
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
 from schemas.codec import decode
 from schemas.events import ToolCallReplayed, ToolCallStarted, ToolCallSucceeded
 from schemas.keys import CallKey, InvalidIdempotencyKey
+from schemas.packing import unpack
 from toolledger import serving
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -87,6 +87,12 @@ def _holds_nul(model: object, fields: Iterable[str]) -> bool:
     return any("\x00" in (getattr(model, field) or "") for field in fields)
 
 
+def whole_payload(event: Event) -> dict[str, Any]:
+    """What :func:`audit_payload` gives for an audit row of ``event``: the event as JSON with
+    its ``type`` first (for a row whose payload is read from the log's record)."""
+    return {"type": event.TYPE, **json.loads(event.model_dump_json())}
+
+
 def audit_payload(row: Mapping[str, Any]) -> dict[str, Any]:
     """The whole event of an audit row (its ``payload_json`` and the columns of
     :data:`ENVELOPE_COLUMNS`), with the envelope's fields in their declared order. A payload
@@ -195,7 +201,9 @@ def state_of_row(row: Mapping[str, Any]) -> CallState:
     )
 
 
-def event_row(event: Event, position: Position) -> dict[str, Any]:
+def event_row(event: Event, position: Position, *, payload: bool = True) -> dict[str, Any]:
+    """The audit row of ``event``; ``payload`` False: without its JSON (``None``), for a
+    read model that reads the event from the log's record at ``position``."""
     env = event.envelope
     return {
         "event_id": env.event_id,
@@ -210,7 +218,7 @@ def event_row(event: Event, position: Position) -> dict[str, Any]:
         "run_id": env.run_id,
         "event_type": event.TYPE,
         "occurred_at": env.occurred_at,
-        "payload_json": payload_json(event),
+        "payload_json": payload_json(event) if payload else None,
     }
 
 

@@ -8,6 +8,7 @@ transactions, so the read model is committed with the events it folds.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,11 +29,41 @@ from projections.rows import (
     expiries,
     fold_new_events,
     state_of_row,
+    whole_payload,
 )
-from schemas.events import Event
+from schemas.codec import decode
+from schemas.events import (
+    ApprovalConsumed,
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    ToolCallFailed,
+    ToolDisabled,
+    ToolEnabled,
+)
 from schemas.keys import call_id_of
+from schemas.packing import unpack
 
-DDL = """
+# The audit trail's table, by name: a migration makes it under another name first.
+_EVENTS_TABLE = """CREATE TABLE IF NOT EXISTS {name} (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    call_key TEXT NOT NULL,
+    tenant_id TEXT NOT NULL,
+    tool_name TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    intent_id TEXT NOT NULL,
+    run_id TEXT,
+    event_type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    payload_json TEXT
+)"""
+
+DDL = f"""
 CREATE TABLE IF NOT EXISTS tool_calls (
     call_id TEXT PRIMARY KEY,
     call_key TEXT NOT NULL,
@@ -58,25 +89,13 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     expired_at TEXT,
     UNIQUE (tenant_id, tool_name, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS tool_calls_by_run ON tool_calls (tenant_id, run_id);
+CREATE INDEX IF NOT EXISTS tool_calls_by_run ON tool_calls (tenant_id, run_id)
+    WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tool_calls_by_status ON tool_calls (tenant_id, status);
-CREATE TABLE IF NOT EXISTS tool_call_events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    event_id TEXT NOT NULL UNIQUE,
-    log_partition INTEGER NOT NULL,
-    log_offset INTEGER NOT NULL,
-    call_id TEXT NOT NULL,
-    call_key TEXT NOT NULL,
-    tenant_id TEXT NOT NULL,
-    tool_name TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
-    intent_id TEXT NOT NULL,
-    run_id TEXT,
-    event_type TEXT NOT NULL,
-    occurred_at TEXT NOT NULL,
-    payload_json TEXT NOT NULL
-);
+{_EVENTS_TABLE.format(name="tool_call_events")};
 CREATE INDEX IF NOT EXISTS tool_call_events_by_call ON tool_call_events (call_id, seq);
+CREATE INDEX IF NOT EXISTS tool_call_events_in_log
+    ON tool_call_events (log_partition, log_offset) WHERE payload_json IS NULL;
 """
 
 
@@ -110,7 +129,8 @@ GOVERNANCE_VIEWS = (
     *governance.PORTABLE_VIEWS,
 )
 GOVERNANCE_DDL = f"""
-CREATE INDEX IF NOT EXISTS tool_call_events_by_run ON tool_call_events (tenant_id, run_id, seq);
+CREATE INDEX IF NOT EXISTS tool_call_events_by_run ON tool_call_events (tenant_id, run_id, seq)
+    WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tool_call_events_by_approval
     ON tool_call_events ({_payload("approval_id")}, tenant_id, seq)
     WHERE event_type IN ({_APPROVAL_TYPES});
@@ -149,6 +169,28 @@ SELECT seq, tenant_id, tool_name, run_id, intent_id, event_type,
  WHERE event_type NOT IN ({_SWITCH_TYPES});
 """
 GOVERNANCE_DDL += governance.portable_views(_NOW)
+
+# An audit row stores its payload only if the views above read a field of it: approvals and
+# switches (their whole payload), and any event with an error, a disposition or a fingerprint.
+# Every other row (a call's Started and Succeeded: nearly all of them) points at the log's
+# record of its event (log_partition, log_offset) in this same file, so the event is stored
+# once; its views' fields read NULL, as they would from its payload.
+_VIEWED_TYPES = frozenset(
+    e.TYPE
+    for e in (
+        ApprovalRequested,
+        ApprovalGranted,
+        ApprovalDenied,
+        ApprovalConsumed,
+        ToolDisabled,
+        ToolEnabled,
+        ToolCallFailed,
+    )
+)
+
+
+def _payload_stored(event: Event) -> bool:
+    return event.TYPE in _VIEWED_TYPES or getattr(event, "error", None) is not None
 
 DDL += GOVERNANCE_DDL
 
@@ -190,11 +232,11 @@ def apply(
     stored row, skipping events already applied.
     """
     if states is not None:
-        conn.executemany(_INSERT_EVENT, [_sqlite(event_row(e, p)) for e, p in events])
+        conn.executemany(_INSERT_EVENT, [_row(e, p) for e, p in events])
         conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in states.items()])
         _mark_expired(conn, [e for e, _ in events])
         return
-    new = [e for e, p in events if conn.execute(_INSERT_EVENT, _sqlite(event_row(e, p))).rowcount]
+    new = [e for e, p in events if conn.execute(_INSERT_EVENT, _row(e, p)).rowcount]
     ids = sorted({call_id_of(e.call_key) for e in new})
     stored: dict[str, CallState] = {}
     for start in range(0, len(ids), 500):  # SQLite's parameter limit
@@ -214,6 +256,60 @@ def apply(
     _mark_expired(conn, new)
 
 
+def _row(event: Event, position: Position) -> dict[str, Any]:
+    return _sqlite(event_row(event, position, payload=_payload_stored(event)))
+
+
+def logged_events(
+    conn: sqlite3.Connection, positions: Sequence[Position]
+) -> dict[Position, dict[str, Any]]:
+    """The whole events (as :func:`~projections.rows.audit_payload` gives them) of the log's
+    outcome records at ``positions``: the payloads of the audit rows that point at them. The
+    read model is kept in its log's file (``log``: topic, partition, offset, key, value)."""
+    found: dict[Position, dict[str, Any]] = {}
+    by_partition: dict[int, list[int]] = {}
+    for position in positions:
+        by_partition.setdefault(position.partition, []).append(position.offset)
+    for partition, offsets in by_partition.items():
+        for start in range(0, len(offsets), 500):  # SQLite's parameter limit
+            chunk = offsets[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            for offset, value in conn.execute(
+                "SELECT offset, value FROM log WHERE topic = 'outcomes' AND partition = ? "
+                f"AND offset IN ({marks})",
+                (partition, *chunk),
+            ):
+                found[Position(partition, offset)] = whole_payload(decode(unpack(value)))
+    missing = set(positions) - found.keys()
+    if missing:
+        raise LookupError(f"audit rows point at outcome records no longer in the log: {missing}")
+    return found
+
+
+def keep_outcomes(conn: sqlite3.Connection, partition: int, first: int, stop: int) -> int:
+    """Before the log deletes its outcome records ``[first, stop)`` of ``partition`` (their
+    retention passed): the audit rows still pointing at them take their payloads (the audit
+    trail has a retention of its own). Returns how many rows took theirs."""
+    rows = conn.execute(
+        "SELECT seq, log_offset FROM tool_call_events WHERE log_partition = ? "
+        "AND log_offset >= ? AND log_offset < ? AND payload_json IS NULL",
+        (partition, first, stop),
+    ).fetchall()
+    if not rows:
+        return 0
+    events = logged_events(conn, [Position(partition, offset) for _, offset in rows])
+    conn.executemany(
+        "UPDATE tool_call_events SET payload_json = ? WHERE seq = ?",
+        [(_stored_payload(events[Position(partition, offset)]), seq) for seq, offset in rows],
+    )
+    return len(rows)
+
+
+def _stored_payload(whole: dict[str, Any]) -> str:
+    """A whole event as an audit row's payload (its whole envelope: it reads as it is)."""
+    return json.dumps(whole, ensure_ascii=False, separators=(",", ":"))
+
+
 def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
     expired = expiries(events)
     if expired:
@@ -225,13 +321,42 @@ def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Columns added since a ledger file was made (CREATE TABLE IF NOT EXISTS keeps the old
-    table): ``tool_calls.expired_at``; and the index dropped since."""
+    table): ``tool_calls.expired_at``; ``tool_call_events.payload_json`` made nullable (its
+    rows copied once into the table as :data:`DDL` has it); the run indexes made partial; and
+    the index dropped since."""
     columns = {r[1] for r in conn.execute("PRAGMA table_info(tool_calls)")}
     if "expired_at" not in columns:
         conn.execute("ALTER TABLE tool_calls ADD COLUMN expired_at TEXT")
+    required = {r[1]: r[3] for r in conn.execute("PRAGMA table_info(tool_call_events)")}
+    if required.get("payload_json"):
+        _remake_events_table(conn)
+    # the run indexes hold only calls with a run id (every query by run names one): made
+    # again where an earlier version indexed every row
+    for index, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE name IN "
+        "('tool_calls_by_run', 'tool_call_events_by_run')"
+    ).fetchall():
+        if "WHERE" not in sql:
+            conn.execute(f"DROP INDEX {index}")
+            conn.execute(next(s for s in DDL.split(";") if f"EXISTS {index} " in s))
     # no query reads the events by key (a key's calls are found in tool_calls, its events by
     # call id): the index only cost two writes per call and 5% of the file
     conn.execute("DROP INDEX IF EXISTS tool_call_events_by_key")
+
+
+def _remake_events_table(conn: sqlite3.Connection) -> None:
+    """``tool_call_events`` as :data:`DDL` has it, with every row of the old table (SQLite
+    cannot drop a column's NOT NULL in place): the views go first, and the table's indexes
+    and the views are made again from :data:`DDL`."""
+    for view in reversed(GOVERNANCE_VIEWS):
+        conn.execute(f"DROP VIEW IF EXISTS {view}")
+    conn.execute(_EVENTS_TABLE.format(name="tool_call_events_v2"))
+    conn.execute("INSERT INTO tool_call_events_v2 SELECT * FROM tool_call_events")
+    conn.execute("DROP TABLE tool_call_events")  # and its indexes
+    conn.execute("ALTER TABLE tool_call_events_v2 RENAME TO tool_call_events")
+    for statement in DDL.split(";"):
+        if statement.strip():
+            conn.execute(statement)
 
 
 class SqliteProjection:
@@ -254,6 +379,9 @@ class SqliteProjection:
 
     def drop(self, conn: sqlite3.Connection) -> None:
         drop(conn)
+
+    def keep_outcomes(self, conn: sqlite3.Connection, partition: int, first: int, stop: int) -> int:
+        return keep_outcomes(conn, partition, first, stop)
 
 
 _TIMES = ("created_at", "updated_at", "occurred_at", "expired_at")
@@ -309,6 +437,9 @@ class SqliteCalls(search.CallReads, governance.GovernanceReads):
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
+
+    async def _logged(self, positions: Sequence[Position]) -> Mapping[Position, dict[str, Any]]:
+        return logged_events(self._conn, positions)
 
     @staticmethod
     def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers import governance
 from producers.client import CallResult, LedgerClient, TrustedContext
 from producers.keys import derive_idempotency_key
+from projections.rows import Position
+from projections.sqlite import logged_events
 from schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
@@ -346,17 +348,20 @@ def _audit_table(ledger: EmbeddedLedger, keys: set[str]) -> Table:
     table = Table(title="audit trail (tool_call_events, redacted)", show_lines=False)
     for column in ("#", "tool", "idempotency key", "event", "detail"):
         table.add_column(column)
-    rows = ledger.log.conn.execute(
-        "SELECT seq, tool_name, idempotency_key, event_type, payload_json FROM tool_call_events "
-        "ORDER BY seq"
+    conn = ledger.log.conn
+    rows = conn.execute(
+        "SELECT seq, tool_name, idempotency_key, event_type, payload_json, log_partition, "
+        "log_offset FROM tool_call_events ORDER BY seq"
     ).fetchall()
-    for seq, tool, key, event_type, payload in rows:
+    # most rows point at their event's record in the log instead of holding a copy
+    logged = logged_events(conn, [Position(p, o) for *_, payload, p, o in rows if payload is None])
+    for seq, tool, key, event_type, payload, partition, offset in rows:
         table.add_row(
             str(seq),
             tool,
             key if key in keys else key[:20],
             event_type,
-            _detail(json.loads(payload)),
+            _detail(json.loads(payload) if payload else logged[Position(partition, offset)]),
         )
     return table
 

@@ -34,7 +34,7 @@ _PRUNE_CHUNKS_PER_TURN = 100
 
 
 _Intent = tuple[int, bytes, bytes, "asyncio.Future[int]"]
-_Batch = tuple[CommitBatch, list[tuple[bytes, bytes]], "asyncio.Future[None]"]
+_Batch = tuple[CommitBatch, list[bytes], "asyncio.Future[None]"]
 
 
 class _Writer:
@@ -78,7 +78,7 @@ class _Writer:
         return await future
 
     async def commit(self, batch: CommitBatch) -> None:
-        encoded = [(e.call_key.encode("utf-8"), encode(e)) for e in batch.events]
+        encoded = [encode(e) for e in batch.events]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue(batch=(batch, encoded, future))
         await future

@@ -16,11 +16,11 @@ import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from processors.runtime.packing import unpack
 from processors.runtime.sqlite_log import INTENTS
 from schemas.codec import CodecError, decode
 from schemas.events import ToolCallRequested
 from schemas.keys import partition_for
+from schemas.packing import unpack
 
 WINDOW = timedelta(minutes=2)  # before the request (an intent waits in the log that long)
 MAX_CANDIDATES = 64  # intents of one key in the window: a key is asked again, not flooded

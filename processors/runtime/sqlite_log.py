@@ -45,10 +45,10 @@ from processors.runtime.ledger_file import (
     traces,
     write_failure,
 )
-from processors.runtime.packing import EVENTS, unpack
 from processors.runtime.state_table import Reader, transaction
 from schemas.codec import CodecError, decode
 from schemas.events import Event
+from schemas.packing import EVENTS, unpack
 from schemas.topics import Position
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "FORMAT",
     "INTENTS",
     "OUTCOMES",
+    "OWN_KEY",
     "LedgerFileError",
     "LogProjection",
     "SqliteLog",
@@ -67,6 +68,10 @@ FORMAT = "toolledger-embedded/1"
 INTENTS = "intents"
 OUTCOMES = "outcomes"
 EXECUTOR = "executor"
+# The stored key of an outcome record: none, its event holds it (the call key). Outcomes are
+# read by position (offsets, the audit rows' pointers), never by key, so the key is not
+# stored twice; intents keep theirs (the approval view finds a call's intents by key).
+OWN_KEY = b""
 WAL_SIZE_LIMIT = 64 << 20
 MARK_INTERVAL_S = 60.0  # a partition's time index (per topic): one (offset, time) mark a minute
 
@@ -112,6 +117,11 @@ class LogProjection(Protocol):
 
     def drop(self, conn: sqlite3.Connection) -> None:
         """Drop every table and view of the read model (a rebuild creates them again)."""
+
+    def keep_outcomes(self, conn: sqlite3.Connection, partition: int, first: int, stop: int) -> int:
+        """Outcome records ``[first, stop)`` of ``partition`` are about to be deleted (inside
+        the caller's transaction): copy what the read model still reads of them (its audit
+        rows point at the records instead of holding a copy). Returns the records copied."""
 
 
 class SqliteLog:
@@ -333,8 +343,10 @@ class SqliteLog:
           only in intents: this is their retention.
         * outcomes: every outcome was folded into the read model in its own transaction, so
           any may go; the read model (the audit trail, with its own retention) keeps what it
-          holds. The first deletion is recorded (``outcomes_pruned``): from then on the read
-          model cannot be rebuilt from the log, and :meth:`rebuild_projections` refuses to.
+          still reads of them (:meth:`LogProjection.keep_outcomes`: an audit row points at its
+          event's record, and takes a copy only now). The first deletion is recorded
+          (``outcomes_pruned``): from then on the read model cannot be rebuilt from the log,
+          and :meth:`rebuild_projections` refuses to.
         """
         if topic not in (INTENTS, OUTCOMES):
             raise ValueError(f"no retention for topic {topic!r}")
@@ -357,6 +369,8 @@ class SqliteLog:
                 stop = min(upto, first + limit)
                 if stop <= first:
                     continue
+                if topic == OUTCOMES:
+                    self.projection.keep_outcomes(conn, p, first, stop)
                 deleted += conn.execute(
                     "DELETE FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
                     "AND offset < ?",
@@ -426,7 +440,7 @@ class SqliteLog:
     def write(
         self,
         intents: Sequence[tuple[int, bytes, bytes]],
-        batches: Sequence[tuple[CommitBatch, Sequence[tuple[bytes, bytes]]]],
+        batches: Sequence[tuple[CommitBatch, Sequence[bytes]]],
     ) -> list[int]:
         """One transaction (one fsync) for appended intents and executor batches of any
         partitions; returns the intents' offsets. Safe from any thread (the runtime calls it
@@ -443,10 +457,11 @@ class SqliteLog:
                 self._marked.clear()
                 raise
 
-    def _commit_batch(self, batch: CommitBatch, encoded: Sequence[tuple[bytes, bytes]]) -> None:
-        """Outcome events, call states, dead letters, projections and the position."""
+    def _commit_batch(self, batch: CommitBatch, encoded: Sequence[bytes]) -> None:
+        """Outcome events (``encoded``: each event's bytes), call states, dead letters,
+        projections and the position."""
         conn = self._writes
-        offsets = self._append(OUTCOMES, [(batch.partition, k, v) for k, v in encoded])
+        offsets = self._append(OUTCOMES, [(batch.partition, OWN_KEY, v) for v in encoded])
         state_table.put_batch(conn, batch, packed=True)  # expired: the state goes, not the audit
         conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "

@@ -28,7 +28,6 @@ from pathlib import Path
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook
 from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.packing import STATES, unpack
 from processors.runtime.snapshot import (
     APPROVALS_PREFIX,
     REFUSED_KEY,
@@ -36,6 +35,7 @@ from processors.runtime.snapshot import (
     restore,
     switch_pairs,
 )
+from schemas.packing import STATES, unpack
 from schemas.status import CallStatus
 
 DDL = """
@@ -165,7 +165,7 @@ def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, packed: bool = Fa
     """The batch's state changes, in the caller's transaction. An expired key's row goes
     first: a book the new call with the key opened in the same batch is written after it.
 
-    ``packed``: states are stored packed (:data:`~processors.runtime.packing.STATES`, a
+    ``packed``: states are stored packed (:data:`~schemas.packing.STATES`, a
     quarter of the bytes), as the embedded ledger file does. A Kafka local store keeps the
     JSON text its state topic carries, so that a restore from the topic writes what the
     owner wrote without packing a million records on the way."""
@@ -327,7 +327,7 @@ def read(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, KeyEntry]:
 
 def _state(stored: str | bytes) -> CallState:
     """A row's state: the JSON text of a state topic's record (as a restore writes it), or the
-    packed JSON the executor writes (:data:`~processors.runtime.packing.STATES`)."""
+    packed JSON the executor writes (:data:`~schemas.packing.STATES`)."""
     return CallState.model_validate_json(stored if isinstance(stored, str) else unpack(stored))
 
 

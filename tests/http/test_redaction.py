@@ -17,14 +17,14 @@ import httpx
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from processors.runtime.packing import unpack
+from schemas.packing import unpack
 from tests.http.helpers import approval_token, assert_call, assert_problem, post_call
 from tests.http.servers import PARTITIONS, Server
 
 
 def _sqlite_texts(server: Server) -> dict[str, bytes]:
     """Every table of the embedded ledger file; the log table split by topic. A packed value
-    (processors.runtime.packing) is searched unpacked: packing must not hide a secret."""
+    (schemas.packing) is searched unpacked: packing must not hide a secret."""
     assert server.ledger_db is not None
     conn = sqlite3.connect(f"file:{server.ledger_db}?mode=ro", uri=True, timeout=30)
     try:

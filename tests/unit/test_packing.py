@@ -1,4 +1,4 @@
-"""Packed values (processors.runtime.packing): what is packed unpacks to the same bytes, a value
+"""Packed values (schemas.packing): what is packed unpacks to the same bytes, a value
 stored before packing reads as it was, the dictionaries never change, and a ledger file whose
 values were written unpacked still replays."""
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processors.runtime.packing import EVENTS, MARK, STATES, Packer, unpack
 from processors.toolsets.helpdesk import HelpdeskStore
+from schemas.packing import EVENTS, MARK, STATES, Packer, unpack
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger

@@ -88,11 +88,20 @@ async def test_every_event_read_back_equals_the_event_on_the_log(tmp_path: Path)
             env = event.envelope
             call_id = call_id_for(env.call_key, env.idempotency_key, env.intent_id)
             by_call.setdefault(call_id, []).append(_whole(event))
-        stored = ledger.log.conn.execute("SELECT payload_json FROM tool_call_events").fetchall()
+        stored = ledger.log.conn.execute(
+            "SELECT event_type, payload_json FROM tool_call_events"
+        ).fetchall()
         read = {c: await reads.events(ALICE.tenant_id, c) for c in by_call}
     assert len(logged) >= 5 and len(stored) == len(logged)
-    for (payload,) in stored:  # each id once: in its column, not again in the payload
+    in_log = set()
+    for event_type, payload in stored:
+        if payload is None:  # the event is the log's record its row points at: stored once
+            in_log.add(event_type)
+            continue
+        # each id once: in its column, not again in the payload
         assert not set(ENVELOPE_COLUMNS) & set(json.loads(payload)["envelope"])
+    assert {"ToolCallStarted", "ToolCallSucceeded"} <= in_log
+    assert "ToolCallRejected" not in in_log  # a view reads its error code
     for call_id, events in by_call.items():
         answer = read[call_id]
         assert answer is not None
@@ -152,3 +161,59 @@ def test_a_call_row_holding_a_nul_keeps_the_whole_state() -> None:
     assert CallState.model_validate_json(row["state_json"]) == state
     row["tool_name"] = "send\ufffdmail"  # what a PostgreSQL text column keeps
     assert state_of_row(row) == state
+
+
+_OLD_EVENTS_TABLE = """CREATE TABLE tool_call_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE,
+    log_partition INTEGER NOT NULL, log_offset INTEGER NOT NULL, call_id TEXT NOT NULL,
+    call_key TEXT NOT NULL, tenant_id TEXT NOT NULL, tool_name TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL, intent_id TEXT NOT NULL, run_id TEXT,
+    event_type TEXT NOT NULL, occurred_at TEXT NOT NULL, payload_json TEXT NOT NULL)"""
+
+
+async def test_a_file_whose_audit_rows_all_hold_their_payload_is_migrated(tmp_path: Path) -> None:
+    """A ledger file made before audit rows pointed at the log (payload_json NOT NULL, every
+    payload stored, run indexes over every row) opens: its rows are copied into the table as
+    it is now, they read as they did, and the calls made after it point at the log."""
+    store = HelpdeskStore(tmp_path / "helpdesk.db")
+    path = tmp_path / "ledger.db"
+    args = {"title": "printer", "body": "on fire"}
+    async with EmbeddedLedger(path, contract_registry(store), create=True) as ledger:
+        await ledger.client.call("create_ticket", args, idempotency_key="t-1", context=ALICE)
+        assert ledger.log is not None
+        conn = ledger.log.conn
+        call_id = conn.execute("SELECT call_id FROM tool_calls").fetchone()[0]
+        before = await SqliteCalls(conn).events(ALICE.tenant_id, call_id)
+    conn = sqlite3.connect(path, isolation_level=None)  # the earlier layout, by hand
+    rows = conn.execute("SELECT * FROM tool_call_events ORDER BY seq").fetchall()
+    logged = sqlite_projection.logged_events(
+        conn, [Position(r[2], r[3]) for r in rows if r[13] is None]
+    )
+    for view in reversed(sqlite_projection.GOVERNANCE_VIEWS):
+        conn.execute(f"DROP VIEW {view}")
+    conn.execute("DROP TABLE tool_call_events")
+    conn.execute(_OLD_EVENTS_TABLE)
+    for row in rows:
+        payload = row[13] or json.dumps(logged[Position(row[2], row[3])])
+        marks = ", ".join("?" * 14)
+        conn.execute(f"INSERT INTO tool_call_events VALUES ({marks})", (*row[:13], payload))
+    conn.execute("DROP INDEX tool_calls_by_run")
+    conn.execute("CREATE INDEX tool_calls_by_run ON tool_calls (tenant_id, run_id)")
+    conn.close()
+    async with EmbeddedLedger(path, contract_registry(store)) as ledger:
+        assert ledger.log is not None
+        conn = ledger.log.conn
+        assert await SqliteCalls(conn).events(ALICE.tenant_id, call_id) == before
+        assert conn.execute("SELECT COUNT(*) FROM tool_call_events").fetchone()[0] == len(rows)
+        again = await ledger.client.call(
+            "create_ticket", args, idempotency_key="t-2", context=ALICE
+        )
+        assert again.ok
+        pointing = conn.execute(
+            "SELECT COUNT(*) FROM tool_call_events WHERE payload_json IS NULL"
+        ).fetchone()[0]
+        assert pointing == 2  # the new call's Started and Succeeded
+        indexes = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
+        assert "WHERE run_id IS NOT NULL" in indexes["tool_calls_by_run"]
+        assert "WHERE run_id IS NOT NULL" in indexes["tool_call_events_by_run"]
+        assert "tool_call_events_in_log" in indexes

@@ -28,6 +28,7 @@ from processors.runtime.state_table import StateMeta, state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
+from projections.sqlite import SqliteCalls
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
@@ -397,7 +398,8 @@ async def test_a_ledger_whose_log_was_pruned_still_replays_and_restarts(
     tmp_path: Path, topic: str
 ) -> None:
     """Records past their topic's retention go from the log; the key states (replays) stay,
-    and so does the audit trail (its own copy). Once outcomes went, a rebuild of the read
+    and so does the audit trail, event for event (a row that pointed at an outcome record
+    holds its event from then on). Once outcomes went, a rebuild of the read
     model from what is left is refused rather than losing the history before it."""
     import time
 
@@ -422,10 +424,15 @@ async def test_a_ledger_whose_log_was_pruned_still_replays_and_restarts(
             return int(conn.execute(sql, params).fetchone()[0])
 
         events_before = count("SELECT COUNT(*) FROM tool_call_events")
+        reads = SqliteCalls(conn)
+        call_ids = [r[0] for r in conn.execute("SELECT call_id FROM tool_calls")]
+        trail = {c: await reads.events("acme", c) for c in call_ids}
         assert ledger.log.prune(topic, time.time() + 1) > 0
         # the last record of each partition stays (it carries the next offset)
         assert count("SELECT COUNT(*) FROM log WHERE topic = ?", topic) == 2
         assert count("SELECT COUNT(*) FROM tool_call_events") == events_before
+        # an audit row pointing at a deleted outcome record took its payload first
+        assert {c: await reads.events("acme", c) for c in call_ids} == trail
         if topic == "outcomes":
             with pytest.raises(LedgerFileError, match="cannot be rebuilt"):
                 ledger.log.rebuild_projections()
