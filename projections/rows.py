@@ -178,8 +178,10 @@ STATE_SELECT = ", ".join(STATE_COLUMNS)  # what both projectors read of a stored
 def state_json(state: CallState) -> str:
     """A call row's ``state_json``: the fields of :data:`_STATE_EXTRA` (the whole state when a
     text its columns hold has a NUL: PostgreSQL's COPY tests this JSON for one)."""
-    whole = _holds_nul(state.context, _CONTEXT_COLUMNS) or _holds_nul(state, _STATE_TEXTS)
-    return state.model_dump_json(include=None if whole else _STATE_EXTRA)
+    if _holds_nul(state.context, _CONTEXT_COLUMNS) or _holds_nul(state, _STATE_TEXTS):
+        return state.model_dump_json()
+    # a field at its default (no job, no trace id) is left out: validation puts it back
+    return state.model_dump_json(include=_STATE_EXTRA, exclude_defaults=True)
 
 
 def state_of_row(row: Mapping[str, Any]) -> CallState:
@@ -189,7 +191,7 @@ def state_of_row(row: Mapping[str, Any]) -> CallState:
     if "status" in stored:
         return CallState.model_validate(stored)
     context = {field: row[column] for field, column in _CONTEXT_COLUMNS.items()}
-    context.update(stored.pop("context"))
+    context.update(stored.pop("context", {}))
     error = row["error_json"]
     return CallState.model_validate(
         {

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from processors.ledger import CallState
+from processors.ledger import CallState, settled_at
 from projections import governance, search
 from projections.dialect import SQLITE, Query
 from projections.rows import (
@@ -52,7 +52,7 @@ _EVENTS_TABLE = """CREATE TABLE IF NOT EXISTS {name} (
     log_partition INTEGER NOT NULL,
     log_offset INTEGER NOT NULL,
     call_id TEXT NOT NULL,
-    call_key TEXT NOT NULL,
+    call_key TEXT,
     tenant_id TEXT NOT NULL,
     tool_name TEXT NOT NULL,
     idempotency_key TEXT NOT NULL,
@@ -62,6 +62,10 @@ _EVENTS_TABLE = """CREATE TABLE IF NOT EXISTS {name} (
     occurred_at TEXT NOT NULL,
     payload_json TEXT
 )"""
+# Of a row that points at its event's record (payload_json NULL), only what rows are found and
+# counted by (call, tenant, tool, key, intent, run, type, time) and the event's id: its call
+# key (tenant, tool and key again) is the record's, as the rest of its envelope.
+_NOT_IN_POINTING_ROWS = ("call_key", "payload_json")
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS tool_calls (
@@ -87,11 +91,17 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     last_event_id TEXT NOT NULL,
     state_json TEXT NOT NULL,
     expired_at TEXT,
+    log_partition INTEGER,
+    settled_at REAL,
     UNIQUE (tenant_id, tool_name, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS tool_calls_by_run ON tool_calls (tenant_id, run_id)
     WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tool_calls_by_status ON tool_calls (tenant_id, status);
+CREATE INDEX IF NOT EXISTS tool_calls_due ON tool_calls (log_partition, tool_name, settled_at)
+    WHERE settled_at IS NOT NULL AND expired_at IS NULL;
+CREATE INDEX IF NOT EXISTS tool_calls_unresolved ON tool_calls (log_partition)
+    WHERE settled_at IS NULL AND expired_at IS NULL;
 {_EVENTS_TABLE.format(name="tool_call_events")};
 CREATE INDEX IF NOT EXISTS tool_call_events_by_call ON tool_call_events (call_id, seq);
 CREATE INDEX IF NOT EXISTS tool_call_events_in_log
@@ -200,14 +210,18 @@ _INSERT_EVENT = (
     f"INSERT OR IGNORE INTO tool_call_events ({', '.join(EVENT_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in EVENT_COLUMNS)})"
 )
+# A call row of the embedded file is also its executor's state (CallStates below): it says
+# which log partition the key is in and, once the call is resolved, when its key's retention
+# started (processors.ledger.settled_at, epoch seconds), for the executor's due keys.
+_CALL_COLUMNS = (*CALL_COLUMNS, "log_partition", "settled_at")
 _UPSERT_CALL = (
-    f"INSERT INTO tool_calls ({', '.join(CALL_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in CALL_COLUMNS)}) "
+    f"INSERT INTO tool_calls ({', '.join(_CALL_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in _CALL_COLUMNS)}) "
     # the key's unique constraint: (tenant, tool, key) is what call_key and call_id derive from
     "ON CONFLICT (tenant_id, tool_name, idempotency_key) DO UPDATE SET "
     + ", ".join(
         f"{c} = excluded.{c}"
-        for c in CALL_COLUMNS
+        for c in _CALL_COLUMNS
         if c not in ("call_id", "call_key", "tenant_id", "tool_name", "idempotency_key")
     )
 )
@@ -231,33 +245,98 @@ def apply(
     already folded them with the same ``evolve``; otherwise they are folded here, from the
     stored row, skipping events already applied.
     """
+    partitions = {e.call_key: p.partition for e, p in events}  # a state moves by its events
     if states is not None:
         conn.executemany(_INSERT_EVENT, [_row(e, p) for e, p in events])
-        conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in states.items()])
+        put_states(conn, partitions, states)
         _mark_expired(conn, [e for e, _ in events])
         return
     new = [e for e, p in events if conn.execute(_INSERT_EVENT, _row(e, p)).rowcount]
-    ids = sorted({call_id_of(e.call_key) for e in new})
-    stored: dict[str, CallState] = {}
-    for start in range(0, len(ids), 500):  # SQLite's parameter limit
-        chunk = ids[start : start + 500]
-        marks = ", ".join("?" * len(chunk))
-        cursor = conn.execute(
-            # an expired key's row keeps its last call for support, but the key is new again
-            f"SELECT {STATE_SELECT} FROM tool_calls WHERE call_id IN ({marks}) "
-            "AND expired_at IS NULL",
-            chunk,
-        )
-        for values in cursor:
-            row = dict(zip(STATE_COLUMNS, values, strict=True))
-            stored[row["call_key"]] = state_of_row(row)
-    changed = fold_new_events(stored, new)
-    conn.executemany(_UPSERT_CALL, [_sqlite(call_row(k, s)) for k, s in changed.items()])
+    stored = _states_of(conn, sorted({call_id_of(e.call_key) for e in new}))
+    put_states(conn, partitions, fold_new_events(stored, new))
     _mark_expired(conn, new)
 
 
+def put_states(
+    conn: sqlite3.Connection, partitions: Mapping[str, int], states: Mapping[str, CallState]
+) -> None:
+    """Upsert the call rows of ``states``, each in its key's log partition."""
+    rows = []
+    for key, state in states.items():
+        row = _sqlite(call_row(key, state))
+        settled = settled_at(state)
+        row["log_partition"] = partitions[key]
+        row["settled_at"] = None if settled is None else settled.timestamp()
+        rows.append(row)
+    conn.executemany(_UPSERT_CALL, rows)
+
+
+def _states_of(conn: sqlite3.Connection, call_ids: Sequence[str]) -> dict[str, CallState]:
+    """The states of the call rows of ``call_ids`` whose key has not expired (an expired
+    key's row keeps its last call for support, but the key is new again)."""
+    found: dict[str, CallState] = {}
+    for start in range(0, len(call_ids), 500):  # SQLite's parameter limit
+        chunk = call_ids[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        found.update(
+            _read_states(
+                conn,
+                f"SELECT {STATE_SELECT} FROM tool_calls WHERE call_id IN ({marks}) "
+                "AND expired_at IS NULL",
+                chunk,
+            )
+        )
+    return found
+
+
+def _read_states(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any]
+) -> dict[str, CallState]:
+    found: dict[str, CallState] = {}
+    for values in conn.execute(sql, params):
+        row = dict(zip(STATE_COLUMNS, values, strict=True))
+        found[row["call_key"]] = state_of_row(row)
+    return found
+
+
+def unresolved(conn: sqlite3.Connection, partition: int) -> dict[str, CallState]:
+    """The partition's PENDING and UNKNOWN calls (their retention has not started)."""
+    return _read_states(
+        conn,
+        f"SELECT {STATE_SELECT} FROM tool_calls WHERE log_partition = ? "
+        "AND settled_at IS NULL AND expired_at IS NULL",
+        (partition,),
+    )
+
+
+def due(
+    conn: sqlite3.Connection,
+    partition: int,
+    tool: str,
+    settled_before: float,
+    after: tuple[float, str] | None,
+    limit: int,
+) -> list[tuple[float, str]]:
+    """The partition's keys of ``tool`` settled at or before ``settled_before``, oldest
+    first, after the cursor ``after`` (the last of the previous page)."""
+    cursor, params = "", [partition, tool, settled_before]
+    if after is not None:
+        cursor, params = "AND (settled_at, call_key) > (?, ?) ", [*params, *after]
+    rows = conn.execute(
+        "SELECT settled_at, call_key FROM tool_calls WHERE log_partition = ? AND tool_name = ? "
+        "AND settled_at IS NOT NULL AND expired_at IS NULL AND settled_at <= ? "
+        f"{cursor}ORDER BY settled_at, call_key LIMIT ?",
+        [*params, limit],
+    )
+    return [(float(s), str(k)) for s, k in rows]
+
+
 def _row(event: Event, position: Position) -> dict[str, Any]:
-    return _sqlite(event_row(event, position, payload=_payload_stored(event)))
+    if _payload_stored(event):
+        return _sqlite(event_row(event, position))
+    row = _sqlite(event_row(event, position, payload=False))
+    row.update(dict.fromkeys(_NOT_IN_POINTING_ROWS))
+    return row
 
 
 def logged_events(
@@ -321,14 +400,18 @@ def _mark_expired(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Columns added since a ledger file was made (CREATE TABLE IF NOT EXISTS keeps the old
-    table): ``tool_calls.expired_at``; ``tool_call_events.payload_json`` made nullable (its
+    table; run before :data:`DDL`, whose indexes need them): ``tool_calls.expired_at``,
+    ``log_partition`` and ``settled_at`` (filled when the log hands its states over);
+    ``tool_call_events``' payload and keys made nullable (its
     rows copied once into the table as :data:`DDL` has it); the run indexes made partial; and
     the index dropped since."""
     columns = {r[1] for r in conn.execute("PRAGMA table_info(tool_calls)")}
-    if "expired_at" not in columns:
-        conn.execute("ALTER TABLE tool_calls ADD COLUMN expired_at TEXT")
+    added = (("expired_at", "TEXT"), ("log_partition", "INTEGER"), ("settled_at", "REAL"))
+    for column, kind in added:
+        if columns and column not in columns:
+            conn.execute(f"ALTER TABLE tool_calls ADD COLUMN {column} {kind}")
     required = {r[1]: r[3] for r in conn.execute("PRAGMA table_info(tool_call_events)")}
-    if required.get("payload_json"):
+    if any(required.get(column) for column in _NOT_IN_POINTING_ROWS):
         _remake_events_table(conn)
     # the run indexes hold only calls with a run id (every query by run names one): made
     # again where an earlier version indexed every row
@@ -382,6 +465,30 @@ class SqliteProjection:
 
     def keep_outcomes(self, conn: sqlite3.Connection, partition: int, first: int, stop: int) -> int:
         return keep_outcomes(conn, partition, first, stop)
+
+    # the executor's call states (processors.runtime.state_table.CallStates): its call rows
+
+    def states(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, CallState]:
+        return _states_of(conn, [call_id_of(k) for k in keys])
+
+    def unresolved(self, conn: sqlite3.Connection, partition: int) -> dict[str, CallState]:
+        return unresolved(conn, partition)
+
+    def due(
+        self,
+        conn: sqlite3.Connection,
+        partition: int,
+        tool: str,
+        settled_before: float,
+        after: tuple[float, str] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        return due(conn, partition, tool, settled_before, after, limit)
+
+    def put_states(
+        self, conn: sqlite3.Connection, partition: int, states: Mapping[str, CallState]
+    ) -> None:
+        put_states(conn, dict.fromkeys(states, partition), states)
 
 
 _TIMES = ("created_at", "updated_at", "occurred_at", "expired_at")

@@ -350,18 +350,16 @@ def _audit_table(ledger: EmbeddedLedger, keys: set[str]) -> Table:
         table.add_column(column)
     conn = ledger.log.conn
     rows = conn.execute(
-        "SELECT seq, tool_name, idempotency_key, event_type, payload_json, log_partition, "
-        "log_offset FROM tool_call_events ORDER BY seq"
+        "SELECT seq, tool_name, event_type, payload_json, log_partition, log_offset "
+        "FROM tool_call_events ORDER BY seq"
     ).fetchall()
     # most rows point at their event's record in the log instead of holding a copy
     logged = logged_events(conn, [Position(p, o) for *_, payload, p, o in rows if payload is None])
-    for seq, tool, key, event_type, payload, partition, offset in rows:
+    for seq, tool, event_type, payload, partition, offset in rows:
+        event = json.loads(payload) if payload else logged[Position(partition, offset)]
+        key = str(event["envelope"].get("idempotency_key") or "")
         table.add_row(
-            str(seq),
-            tool,
-            key if key in keys else key[:20],
-            event_type,
-            _detail(json.loads(payload) if payload else logged[Position(partition, offset)]),
+            str(seq), tool, key if key in keys else key[:20], event_type, _detail(event)
         )
     return table
 

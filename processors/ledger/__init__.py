@@ -42,6 +42,7 @@ from processors.ledger.decide import (
     decide,
     expires_at,
     failure_fingerprint,
+    settled_at,
 )
 from processors.ledger.evolve import evolve, fold, fold_all
 from processors.ledger.state import CallContext, CallState
@@ -91,4 +92,5 @@ __all__ = [
     "failure_fingerprint",
     "fold",
     "fold_all",
+    "settled_at",
 ]

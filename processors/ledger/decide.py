@@ -141,14 +141,20 @@ def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallReje
     return ToolCallRejected(envelope=ctx.envelope(_eid(ctx, "rejected"), now), error=error)
 
 
+def settled_at(state: CallState) -> datetime | None:
+    """When a call's key retention starts: its last terminal event (``updated_at``, which only
+    state changes move). ``None`` while the call is unresolved (PENDING, UNKNOWN: a key never
+    expires under a call that may still have an effect)."""
+    return None if state.status in _UNRESOLVED else state.updated_at
+
+
 def expires_at(state: CallState, policy: Policy) -> datetime | None:
-    """When a call's key expires: its last terminal event (``updated_at``, which only state
-    changes move) plus the tool's key retention. ``None`` while the call is unresolved
-    (PENDING, UNKNOWN: a key never expires under a call that may still have an effect) or
-    when the tool keeps keys forever."""
-    if policy.key_retention_s is None or state.status in _UNRESOLVED:
+    """When a call's key expires: :func:`settled_at` plus the tool's key retention. ``None``
+    while the call is unresolved or when the tool keeps keys forever."""
+    settled = settled_at(state)
+    if policy.key_retention_s is None or settled is None:
         return None
-    return state.updated_at + timedelta(seconds=policy.key_retention_s)
+    return settled + timedelta(seconds=policy.key_retention_s)
 
 
 _UNRESOLVED = (CallStatus.PENDING, CallStatus.UNKNOWN)

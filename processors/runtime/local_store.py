@@ -31,7 +31,7 @@ from pathlib import Path
 
 from processors.ports import Snapshot
 from processors.runtime import state_table
-from processors.runtime.state_table import Reader, StateMeta, transaction
+from processors.runtime.state_table import IN_CALL_STATE, Reader, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -62,7 +62,7 @@ class LocalStore:
             self.conn = self._open()
         except sqlite3.DatabaseError as exc:
             self.rebuild(f"it cannot be read ({exc})")
-        self._reader = Reader(self.path)
+        self._reader = Reader(self.path, IN_CALL_STATE)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class LocalStore:
     # -- reads --------------------------------------------------------------------------------
 
     def live(self) -> Snapshot:
-        return state_table.live(self.conn, self.identity_partition)
+        return state_table.live(self.conn, self.identity_partition, IN_CALL_STATE)
 
     @property
     def reader(self) -> Reader:

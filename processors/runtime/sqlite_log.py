@@ -45,7 +45,7 @@ from processors.runtime.ledger_file import (
     traces,
     write_failure,
 )
-from processors.runtime.state_table import Reader, transaction
+from processors.runtime.state_table import CallStates, Reader, transaction
 from schemas.codec import CodecError, decode
 from schemas.events import Event
 from schemas.packing import EVENTS, unpack
@@ -94,9 +94,11 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 """
 
 
-class LogProjection(Protocol):
+class LogProjection(CallStates, Protocol):
     """The read model the log keeps in its own file, written in the transaction of the
-    events it folds (so it is never behind the log, nor ahead of it)."""
+    events it folds (so it is never behind the log, nor ahead of it). Its call rows are the
+    executor's call states too (:class:`~processors.runtime.state_table.CallStates`): the
+    states it is handed in :meth:`apply` are the executor's, so each is stored once."""
 
     @property
     def ddl(self) -> str:
@@ -117,6 +119,12 @@ class LogProjection(Protocol):
 
     def drop(self, conn: sqlite3.Connection) -> None:
         """Drop every table and view of the read model (a rebuild creates them again)."""
+
+    def put_states(
+        self, conn: sqlite3.Connection, partition: int, states: Mapping[str, CallState]
+    ) -> None:
+        """Write executor states of ``partition`` as they are (a file whose states were kept
+        in the executor's own table hands them over once)."""
 
     def keep_outcomes(self, conn: sqlite3.Connection, partition: int, first: int, stop: int) -> int:
         """Outcome records ``[first, stop)`` of ``partition`` are about to be deleted (inside
@@ -169,7 +177,7 @@ class SqliteLog:
         self._next: dict[tuple[str, int], int] = {}
         self._marked: dict[tuple[str, int], float] = {}  # when each partition was last marked
         self.mark_interval_s = MARK_INTERVAL_S
-        self.reader = Reader(self.path)  # key states for the workers' threads
+        self.reader = Reader(self.path, projection)  # key states for the workers' threads
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -234,14 +242,41 @@ class SqliteLog:
         return conn
 
     def _open(self, synchronous: str) -> sqlite3.Connection:
-        """The write connection, with the tables made and brought up to date."""
+        """The write connection, with the tables made and brought up to date: an earlier
+        file's read model is migrated before the projection's DDL (whose indexes may need
+        the columns a migration adds)."""
         conn = self._connect(synchronous)
-        conn.executescript(f"BEGIN IMMEDIATE;{_DDL}{self.projection.ddl}COMMIT;")
         with transaction(conn):
+            _run(conn, _DDL)
             state_table.migrate(conn)
             state_table.create(conn)
             self.projection.migrate(conn)
+            _run(conn, self.projection.ddl)
+            self._hand_over_states(conn)
         return conn
+
+    def _hand_over_states(self, conn: sqlite3.Connection) -> None:
+        """A file made before the read model's call rows held the executor's states has them
+        in ``call_state``: they are written to the read model (as the executor's own commits
+        would have) and cleared here, a chunk at a time, in the opening transaction."""
+        after = -1
+        while rows := conn.execute(
+            "SELECT rowid, call_key, partition, state_json FROM call_state "
+            "WHERE rowid > ? AND state_json IS NOT NULL ORDER BY rowid LIMIT 1000",
+            (after,),
+        ).fetchall():
+            after = rows[-1][0]
+            by_partition: dict[int, dict[str, CallState]] = {}
+            for _, key, partition, stored in rows:
+                by_partition.setdefault(partition, {})[key] = state_table.stored_state(stored)
+            for partition, states in by_partition.items():
+                self.projection.put_states(conn, partition, states)
+            conn.executemany(
+                "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
+                "WHERE call_key = ?",
+                [(key,) for _, key, _, _ in rows],
+            )
+        conn.execute("DELETE FROM call_state WHERE state_json IS NULL AND book_json IS NULL")
 
     def _init_meta(self, partitions: int) -> int:
         # here and in _bump_epoch, no lock: nothing else has the log before __init__ returns
@@ -435,7 +470,7 @@ class SqliteLog:
     # -- executor state -----------------------------------------------------------------------
 
     def load(self, partition: int) -> Snapshot:
-        return state_table.live(self.conn, partition)
+        return state_table.live(self.conn, partition, self.projection)
 
     def write(
         self,
@@ -462,7 +497,9 @@ class SqliteLog:
         projections and the position."""
         conn = self._writes
         offsets = self._append(OUTCOMES, [(batch.partition, OWN_KEY, v) for v in encoded])
-        state_table.put_batch(conn, batch, packed=True)  # expired: the state goes, not the audit
+        # the states: in the read model's call rows (projection.apply, below); expired: the
+        # book goes, not the audit
+        state_table.put_batch(conn, batch, states=False)
         conn.executemany(
             "INSERT OR IGNORE INTO dead_letters (topic, partition, offset, reason, value) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -496,12 +533,18 @@ class SqliteLog:
                     "lose the audit trail before them); it was left as it is"
                 )
             self.projection.drop(conn)
-            for statement in self.projection.ddl.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            _run(conn, self.projection.ddl)
             events = list(self._events(conn, OUTCOMES))
             self.projection.apply(conn, events)
         return len(events)
+
+
+def _run(conn: sqlite3.Connection, script: str) -> None:
+    """A script's statements, one by one, in the caller's transaction (no statement holds a
+    ``;``: see :attr:`LogProjection.ddl`)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
 
 
 def _meta(conn: sqlite3.Connection, path: Path, key: str) -> str:

@@ -24,8 +24,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from processors.ledger import CallState
+from processors.ledger import settled_at as settled_of
 from processors.ledger.governance import ApprovalBook
 from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.snapshot import (
@@ -35,7 +37,7 @@ from processors.runtime.snapshot import (
     restore,
     switch_pairs,
 )
-from schemas.packing import STATES, unpack
+from schemas.packing import unpack
 from schemas.status import CallStatus
 
 DDL = """
@@ -78,14 +80,42 @@ class transaction:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
+class CallStates(Protocol):
+    """Where a store's call states live and how it is asked for them (the rest of a key's
+    entry, its approval book, and the switches and refused offsets are always in this
+    module's tables). A Kafka local store keeps them here (:data:`IN_CALL_STATE`); the
+    embedded ledger file keeps each once, in its read model's call rows
+    (``projections.sqlite.SqliteProjection``), which its log writes in the same transaction."""
+
+    def states(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, CallState]:
+        """The stored states of ``keys`` (a key with none is absent)."""
+
+    def unresolved(self, conn: sqlite3.Connection, partition: int) -> dict[str, CallState]:
+        """The partition's PENDING and UNKNOWN calls (few: running or in doubt)."""
+
+    def due(
+        self,
+        conn: sqlite3.Connection,
+        partition: int,
+        tool: str,
+        settled_before: float,
+        after: tuple[float, str] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        """Keys of ``tool`` settled at or before ``settled_before`` (epoch seconds: their
+        retention may have passed), oldest first, after the cursor ``after`` (the last one
+        of the previous page)."""
+
+
 class Reader:
     """A second connection to a state file, for reads from worker threads: a WAL reader
     sees the last commit, never a write in progress, and blocks no writer. One read at a
     time: two statements stepping at once on one connection would share one snapshot, and
     the later one could miss a commit made between them."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, states: CallStates) -> None:
         self._path = path
+        self._states = states
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
@@ -100,9 +130,13 @@ class Reader:
             yield self._conn
 
     def read(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
-        """:func:`read`, as of the last commit."""
+        """:func:`read`, as of the last commit (one snapshot for states and books)."""
         with self._connection() as conn:
-            return read(conn, keys)
+            conn.execute("BEGIN")
+            try:
+                return read(conn, keys, self._states)
+            finally:
+                conn.execute("COMMIT")
 
     def due(
         self,
@@ -112,9 +146,9 @@ class Reader:
         after: tuple[float, str] | None,
         limit: int,
     ) -> list[tuple[float, str]]:
-        """:func:`due`, as of the last commit."""
+        """:meth:`CallStates.due`, as of the last commit."""
         with self._connection() as conn:
-            return due(conn, partition, tool, settled_before, after, limit)
+            return self._states.due(conn, partition, tool, settled_before, after, limit)
 
     def close(self) -> None:
         with self._lock:
@@ -124,6 +158,8 @@ class Reader:
 
 
 def settled_at(status: str, updated_at: datetime) -> float | None:
+    """:func:`processors.ledger.settled_at` in epoch seconds, from a state's two fields (a
+    state topic's record read without a full validation)."""
     return None if status in _UNRESOLVED else updated_at.timestamp()
 
 
@@ -139,7 +175,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     for key, partition, state_json in conn.execute(
         "SELECT call_key, partition, state_json FROM call_state_v0"
     ).fetchall():
-        _upsert_state(conn, key, partition, state_json, _state(state_json))
+        _upsert_state(conn, key, partition, state_json, stored_state(state_json))
     prefix = len(APPROVALS_PREFIX)
     for partition, key, book_json in conn.execute(
         "SELECT partition, key, value_json FROM executor_state WHERE key LIKE 'approvals:%'"
@@ -161,20 +197,19 @@ def create(conn: sqlite3.Connection) -> None:
 # -- writes -------------------------------------------------------------------------------
 
 
-def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, packed: bool = False) -> None:
+def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, states: bool = True) -> None:
     """The batch's state changes, in the caller's transaction. An expired key's row goes
     first: a book the new call with the key opened in the same batch is written after it.
 
-    ``packed``: states are stored packed (:data:`~schemas.packing.STATES`, a
-    quarter of the bytes), as the embedded ledger file does. A Kafka local store keeps the
-    JSON text its state topic carries, so that a restore from the topic writes what the
-    owner wrote without packing a million records on the way."""
+    ``states`` False: the batch's call states are written elsewhere in the same transaction
+    (the embedded ledger file's read model: :class:`CallStates`), so only books, switches
+    and refused offsets are written here."""
     p = batch.partition
     if batch.expired:
         conn.executemany("DELETE FROM call_state WHERE call_key = ?", [(k,) for k in batch.expired])
-    for key, state in batch.states.items():
-        text = state.model_dump_json()
-        _upsert_state(conn, key, p, STATES.pack(text.encode()) if packed else text, state)
+    if states:
+        for key, state in batch.states.items():
+            _upsert_state(conn, key, p, state.model_dump_json(), state)
     for key, book in batch.approvals.items():
         _upsert_book(conn, key, p, book.model_dump_json())
     put_governance(conn, p, switch_pairs(batch))
@@ -184,7 +219,8 @@ StateMeta = tuple[str, float | None]  # (tool, settled_at): what a row needs of 
 
 
 def state_meta(state: CallState) -> StateMeta:
-    return state.context.tool, settled_at(state.status.value, state.updated_at)
+    settled = settled_of(state)
+    return state.context.tool, None if settled is None else settled.timestamp()
 
 
 @dataclass(slots=True)
@@ -308,41 +344,39 @@ def put_governance(
 # -- reads --------------------------------------------------------------------------------
 
 
-def read(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, KeyEntry]:
-    """The stored entries of ``keys`` (a key with no row is absent from the answer)."""
-    found: dict[str, KeyEntry] = {}
+def read(
+    conn: sqlite3.Connection, keys: Sequence[str], states: CallStates
+) -> dict[str, KeyEntry]:
+    """The stored entries of ``keys`` (a key with neither a state nor a book is absent)."""
+    found = states.states(conn, keys)
+    books: dict[str, ApprovalBook] = {}
     for start in range(0, len(keys), _READ_CHUNK):
         chunk = keys[start : start + _READ_CHUNK]
         marks = ",".join("?" * len(chunk))
-        for key, state_json, book_json in conn.execute(
-            f"SELECT call_key, state_json, book_json FROM call_state WHERE call_key IN ({marks})",
+        for key, book_json in conn.execute(
+            f"SELECT call_key, book_json FROM call_state WHERE call_key IN ({marks}) "
+            "AND book_json IS NOT NULL",
             chunk,
         ):
-            found[key] = KeyEntry(
-                None if state_json is None else _state(state_json),
-                None if book_json is None else ApprovalBook.model_validate_json(book_json),
-            )
-    return found
+            books[key] = ApprovalBook.model_validate_json(book_json)
+    return {k: KeyEntry(found.get(k), books.get(k)) for k in keys if k in found or k in books}
 
 
-def _state(stored: str | bytes) -> CallState:
+def stored_state(stored: str | bytes) -> CallState:
     """A row's state: the JSON text of a state topic's record (as a restore writes it), or the
-    packed JSON the executor writes (:data:`~schemas.packing.STATES`)."""
+    packed JSON an embedded ledger file stored before its read model's rows held its states
+    (:data:`~schemas.packing.STATES`)."""
     return CallState.model_validate_json(stored if isinstance(stored, str) else unpack(stored))
 
 
-def live(conn: sqlite3.Connection, partition: int) -> Snapshot:
+def live(conn: sqlite3.Connection, partition: int, states: CallStates) -> Snapshot:
     """What a partition's executor holds from the start: its unresolved calls (with their
     books), its switches and its refused offsets; every other key is read when it is used."""
     snapshot = Snapshot()
-    for key, state_json, book_json in conn.execute(
-        "SELECT call_key, state_json, book_json FROM call_state "
-        "WHERE partition = ? AND settled_at IS NULL AND state_json IS NOT NULL",
-        (partition,),
-    ):
-        snapshot.states[key] = _state(state_json)
-        if book_json is not None:
-            snapshot.approvals[key] = ApprovalBook.model_validate_json(book_json)
+    snapshot.states.update(states.unresolved(conn, partition))
+    for key, entry in read(conn, list(snapshot.states), states).items():
+        if entry.book is not None:
+            snapshot.approvals[key] = entry.book
     for key, value_json in conn.execute(
         "SELECT key, value_json FROM executor_state WHERE partition = ?", (partition,)
     ):
@@ -350,28 +384,57 @@ def live(conn: sqlite3.Connection, partition: int) -> Snapshot:
     return snapshot
 
 
-def due(
-    conn: sqlite3.Connection,
-    partition: int,
-    tool: str,
-    settled_before: float,
-    after: tuple[float, str] | None,
-    limit: int,
-) -> list[tuple[float, str]]:
-    """Keys of ``tool`` settled at or before ``settled_before`` (their retention may have
-    passed), oldest first, after the cursor ``after`` (the last one of the previous page)."""
-    if after is None:
-        rows = conn.execute(
-            "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
-            "AND settled_at IS NOT NULL AND settled_at <= ? ORDER BY settled_at, call_key "
-            "LIMIT ?",
-            (partition, tool, settled_before, limit),
-        )
-    else:
-        rows = conn.execute(
-            "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
-            "AND settled_at IS NOT NULL AND settled_at <= ? AND (settled_at, call_key) > (?, ?) "
-            "ORDER BY settled_at, call_key LIMIT ?",
-            (partition, tool, settled_before, *after, limit),
-        )
-    return [(float(s), str(k)) for s, k in rows]
+class _InCallState:
+    """:class:`CallStates` in ``call_state.state_json`` (with its ``tool`` and ``settled_at``
+    columns for the due keys): a Kafka local store's, a cache of its state topic."""
+
+    def states(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, CallState]:
+        found: dict[str, CallState] = {}
+        for start in range(0, len(keys), _READ_CHUNK):
+            chunk = keys[start : start + _READ_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for key, state_json in conn.execute(
+                f"SELECT call_key, state_json FROM call_state WHERE call_key IN ({marks}) "
+                "AND state_json IS NOT NULL",
+                chunk,
+            ):
+                found[key] = stored_state(state_json)
+        return found
+
+    def unresolved(self, conn: sqlite3.Connection, partition: int) -> dict[str, CallState]:
+        return {
+            key: stored_state(state_json)
+            for key, state_json in conn.execute(
+                "SELECT call_key, state_json FROM call_state "
+                "WHERE partition = ? AND settled_at IS NULL AND state_json IS NOT NULL",
+                (partition,),
+            )
+        }
+
+    def due(
+        self,
+        conn: sqlite3.Connection,
+        partition: int,
+        tool: str,
+        settled_before: float,
+        after: tuple[float, str] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        if after is None:
+            rows = conn.execute(
+                "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
+                "AND settled_at IS NOT NULL AND settled_at <= ? ORDER BY settled_at, call_key "
+                "LIMIT ?",
+                (partition, tool, settled_before, limit),
+            )
+        else:
+            rows = conn.execute(
+                "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
+                "AND settled_at IS NOT NULL AND settled_at <= ? "
+                "AND (settled_at, call_key) > (?, ?) ORDER BY settled_at, call_key LIMIT ?",
+                (partition, tool, settled_before, *after, limit),
+            )
+        return [(float(s), str(k)) for s, k in rows]
+
+
+IN_CALL_STATE: CallStates = _InCallState()

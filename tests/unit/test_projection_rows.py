@@ -194,9 +194,13 @@ async def test_a_file_whose_audit_rows_all_hold_their_payload_is_migrated(tmp_pa
     conn.execute("DROP TABLE tool_call_events")
     conn.execute(_OLD_EVENTS_TABLE)
     for row in rows:
-        payload = row[13] or json.dumps(logged[Position(row[2], row[3])])
+        values = list(row)
+        if row[13] is None:  # each row held its keys and whole event
+            whole = logged[Position(row[2], row[3])]
+            values[5] = whole["envelope"]["call_key"]
+            values[13] = json.dumps(whole)
         marks = ", ".join("?" * 14)
-        conn.execute(f"INSERT INTO tool_call_events VALUES ({marks})", (*row[:13], payload))
+        conn.execute(f"INSERT INTO tool_call_events VALUES ({marks})", values)
     conn.execute("DROP INDEX tool_calls_by_run")
     conn.execute("CREATE INDEX tool_calls_by_run ON tool_calls (tenant_id, run_id)")
     conn.close()

@@ -28,8 +28,9 @@ from processors.runtime.state_table import StateMeta, state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
-from projections.sqlite import SqliteCalls
+from projections.sqlite import SqliteCalls, SqliteProjection
 from schemas.keys import CallKey
+from schemas.packing import STATES
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
 
@@ -127,9 +128,9 @@ def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
         assert _rows(direct) == _rows(restored)
     a, b, _c = KEYS
     assert [row[0] for row in direct.execute("SELECT call_key FROM call_state")] == [a, b]
-    entries = state_table.read(direct, KEYS)
+    entries = state_table.read(direct, KEYS, state_table.IN_CALL_STATE)
     assert entries[b].state is None and entries[b].book == _book("apr_2")
-    live = state_table.live(direct, 0)
+    live = state_table.live(direct, 0, state_table.IN_CALL_STATE)
     assert list(live.states) == [a] and live.refused == frozenset({7})
 
 
@@ -145,9 +146,9 @@ def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
     states[other] = _state(other, CallStatus.SUCCEEDED)
     state_table.put_batch(conn, CommitBatch(0, states=states))
     cutoff = (T0 + timedelta(seconds=2)).timestamp()
-    first = state_table.due(conn, 0, "op", cutoff, None, 2)
+    first = state_table.IN_CALL_STATE.due(conn, 0, "op", cutoff, None, 2)
     assert [k for _, k in first] == keys[:2]
-    rest = state_table.due(conn, 0, "op", cutoff, first[-1], 2)
+    rest = state_table.IN_CALL_STATE.due(conn, 0, "op", cutoff, first[-1], 2)
     assert [k for _, k in rest] == keys[2:3]
 
 
@@ -315,6 +316,74 @@ def _counting_registry(made: list[str]) -> ToolRegistry:
     return registry
 
 
+def _as_before_call_rows_held_states(conn: sqlite3.Connection, *, packed: bool) -> int:
+    """Rewrite an embedded file as it was before its read model's call rows were the
+    executor's states: the states in ``call_state`` (packed, or JSON text as earlier still),
+    the call rows without their partition and settled time. Returns the states moved."""
+    keys = [k for (k,) in conn.execute("SELECT call_key FROM tool_calls")]
+    partitions = dict(conn.execute("SELECT call_key, log_partition FROM tool_calls"))
+    states = SqliteProjection().states(conn, keys)
+    conn.executescript(
+        "DROP INDEX tool_calls_due; DROP INDEX tool_calls_unresolved;"
+        "ALTER TABLE tool_calls DROP COLUMN log_partition;"
+        "ALTER TABLE tool_calls DROP COLUMN settled_at;"
+    )
+    for key, state in states.items():
+        text = state.model_dump_json()
+        stored = STATES.pack(text.encode()) if packed else text
+        conn.execute(
+            "INSERT INTO call_state (call_key, partition, tool, settled_at, state_json) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (key, partitions[key], *state_meta(state), stored),
+        )
+    return len(states)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "json"])
+async def test_a_file_whose_executor_kept_its_states_hands_them_to_its_call_rows(
+    tmp_path: Path, packed: bool
+) -> None:
+    """Before the embedded file stored each state once (in its read model's call row), the
+    executor kept its own copy in ``call_state``: at open the states are handed over, the
+    executor reads them from the call rows (replays, due keys) and ``call_state`` keeps
+    books only."""
+    made: list[str] = []
+    registry = _counting_registry(made)
+    caller = TrustedContext("acme", "ada")
+    path = tmp_path / "ledger.db"
+    async with EmbeddedLedger(path, registry, create=True, partitions=2) as ledger:
+        first = {
+            k: await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
+            for k in ("a", "b", "c")
+        }
+        assert ledger.log is not None
+        rows = ledger.log.conn.execute(
+            "SELECT call_key, log_partition, settled_at FROM tool_calls ORDER BY call_key"
+        ).fetchall()
+    with sqlite3.connect(path) as conn:
+        assert _as_before_call_rows_held_states(conn, packed=packed) == 3
+    async with EmbeddedLedger(path, registry, partitions=2) as ledger:
+        assert ledger.log is not None
+        conn = ledger.log.conn
+        assert conn.execute("SELECT COUNT(*) FROM call_state").fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT call_key, log_partition, settled_at FROM tool_calls ORDER BY call_key"
+            ).fetchall()
+            == rows
+        )
+        for k in ("a", "b", "c"):
+            again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
+            assert again.replayed and again.result == first[k].result
+        due = [
+            key
+            for p in (0, 1)
+            for _, key in ledger.log.reader.due(p, "op", float("inf"), None, 10)
+        ]
+        assert sorted(due) == [row[0] for row in rows]
+    assert made == ["a", "b", "c"]
+
+
 async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path) -> None:
     """Files written before the state table held books: states keep replaying, books move."""
     made: list[str] = []
@@ -326,6 +395,7 @@ async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path
     assert first.ok
     book_key = str(CallKey("acme", "op", "asked"))
     with sqlite3.connect(path) as conn:  # the layout before: states only, books beside them
+        assert _as_before_call_rows_held_states(conn, packed=False) == 1
         conn.executescript(
             "ALTER TABLE call_state RENAME TO new_layout;"
             "DROP INDEX call_state_due; DROP INDEX call_state_unresolved;"
@@ -344,7 +414,8 @@ async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path
         assert again.replayed and again.result == first.result
         assert ledger.log is not None
         conn = ledger.log.conn
-        assert state_table.read(conn, [book_key])[book_key].book == _book("apr_9")
+        entry = state_table.read(conn, [book_key], state_table.IN_CALL_STATE)[book_key]
+        assert entry.book == _book("apr_9")
         assert (
             conn.execute("SELECT COUNT(*) FROM executor_state WHERE key LIKE 'appr%'").fetchone()[0]
             == 0
@@ -365,7 +436,7 @@ def test_a_key_expired_and_started_again_in_one_batch_loses_its_old_book(
     )
     again = CommitBatch(0, states={a: _state(a, CallStatus.PENDING)}, expired={a})
     state_table.put_batch(conn, again)
-    entry = state_table.read(conn, [a])[a]
+    entry = state_table.read(conn, [a], state_table.IN_CALL_STATE)[a]
     assert entry.state is not None and entry.state.status is CallStatus.PENDING
     assert entry.book is None
     assert ("approvals:" + a, None) in list(topic_pairs(again))
