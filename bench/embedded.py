@@ -35,10 +35,10 @@ executed exactly once and that exactly the retries were answered as replays.
     Plain ``sqlite3``, same ``journal_mode=WAL`` and ``synchronous`` mode, same tables and
     indexes as the ledger file. One "row" is one *call-equivalent set of rows*: an intent
     record in ``log``, an outcome record in ``log`` (the bytes of a real encoded
-    ``ToolCallSucceeded``), a ``call_state`` upsert and a ``tool_calls`` projection upsert,
-    all with the byte sizes the ledger writes for one call (sampled from the ledger file of
-    the first scenario). Sets are written W at a time, one transaction per window. The
-    number is the median of ``--raw-repeats`` runs.
+    ``ToolCallSucceeded``) and a ``tool_calls`` upsert (the ledger's row, which is also
+    the key's state), all with the byte sizes the ledger writes for one call (sampled from
+    the ledger file of the first scenario). Sets are written W at a time, one transaction
+    per window. The number is the median of ``--raw-repeats`` runs.
 ``ratio``
     ``calls_per_s / raw_rows_per_s``.
 
@@ -111,15 +111,8 @@ CREATE TABLE IF NOT EXISTS log (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     key BLOB NOT NULL, value BLOB NOT NULL,
     PRIMARY KEY (topic, partition, offset)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS call_state (
-    call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL, state_json TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS call_state_by_partition ON call_state (partition);
 """
 _INSERT_LOG = "INSERT INTO log VALUES (?, ?, ?, ?, ?)"
-_UPSERT_STATE = (
-    "INSERT INTO call_state VALUES (?, ?, ?) ON CONFLICT (call_key) "
-    "DO UPDATE SET state_json = excluded.state_json"
-)
 
 
 # -- the tool ---------------------------------------------------------------------------------
@@ -191,8 +184,7 @@ class RowSample:
     intent_key: bytes
     intent_value: bytes
     outcome_value: bytes
-    state_json: bytes
-    call_row: dict[str, Any]
+    call_row: dict[str, Any]  # the key's state too: the executor reads it from this row
 
 
 @dataclass
@@ -304,13 +296,10 @@ def read_back(path: Path, sample: bool) -> tuple[dict[str, int], RowSample | Non
             )
             if isinstance(decode(unpack(value)), ToolCallSucceeded)
         )
-        state_json = conn.execute("SELECT state_json FROM call_state LIMIT 1").fetchone()[0]
         cursor = conn.execute("SELECT * FROM tool_calls LIMIT 1")
         names = [d[0] for d in cursor.description]
         call_row = dict(zip(names, cursor.fetchone(), strict=True))
-        return rows, RowSample(
-            bytes(intent_key), bytes(intent_value), outcome_value, bytes(state_json), call_row
-        )
+        return rows, RowSample(bytes(intent_key), bytes(intent_value), outcome_value, call_row)
     finally:
         conn.close()
 
@@ -319,7 +308,7 @@ def read_back(path: Path, sample: bool) -> tuple[dict[str, int], RowSample | Non
 
 
 def raw_sets(sample: RowSample, n: int, prefix: str) -> list[tuple[tuple[Any, ...], ...]]:
-    """One call-equivalent set of rows per call: (intent, outcome, state, projection row)."""
+    """One call-equivalent set of rows per call: (intent, outcome, call row)."""
     sets: list[tuple[tuple[Any, ...], ...]] = []
     offsets = [0] * PARTITIONS
     for i in range(n):
@@ -338,8 +327,7 @@ def raw_sets(sample: RowSample, n: int, prefix: str) -> list[tuple[tuple[Any, ..
         sets.append(
             (
                 ("intents", partition, offset, key, sample.intent_value),
-                ("outcomes", partition, offset, key, sample.outcome_value),
-                (call_key, partition, sample.state_json),
+                ("outcomes", partition, offset, b"", sample.outcome_value),
                 tuple(call_row.values()),
             )
         )
@@ -381,8 +369,7 @@ def run_raw(
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany(_INSERT_LOG, [s[0] for s in batch])
                 conn.executemany(_INSERT_LOG, [s[1] for s in batch])
-                conn.executemany(_UPSERT_STATE, [s[2] for s in batch])
-                conn.executemany(upsert_call, [s[3] for s in batch])
+                conn.executemany(upsert_call, [s[2] for s in batch])
                 conn.execute("COMMIT")
 
             for start in range(0, warmup, window):
@@ -810,12 +797,12 @@ async def measure_window(args: argparse.Namespace, console: Console) -> dict[str
             },
             "raw_runs_per_s": [round(r, 1) for r in raw_runs],
             "raw_row_definition": (
-                "one row = one call-equivalent set of 4 SQLite row writes: an intent record in "
+                "one row = one call-equivalent set of 3 SQLite row writes: an intent record in "
                 f"log ({len(sample.intent_value)} B value), an outcome record in log "
-                f"({len(sample.outcome_value)} B value, a real encoded ToolCallSucceeded), a "
-                f"call_state upsert ({len(sample.state_json)} B state_json) and a tool_calls "
-                "projection upsert (the ledger's own row); window-sized batches, one "
-                "transaction per batch, same tables, indexes, journal_mode and synchronous"
+                f"({len(sample.outcome_value)} B value, a real encoded ToolCallSucceeded) and "
+                "a tool_calls upsert (the ledger's own row, which is also the key's state); "
+                "window-sized batches, one transaction per batch, same tables, indexes, "
+                "journal_mode and synchronous"
             ),
             "ledger_rows_in_file_per_call": {
                 "0pct_dup": per_call(distinct.rows, args.calls + args.warmup),

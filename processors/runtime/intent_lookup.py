@@ -3,7 +3,8 @@ decides an approval is shown. Raw arguments live only in intents (their retentio
 retention of sensitive data); they are never copied into projections, logs or spans, so they
 are read from the intents themselves, through a read-only connection of its own.
 
-An intent is found by its call key in the intents partition of the key, near the time the
+An intent is found by its call key (stored as its fingerprint: ``key_fingerprint``, then
+checked in the decoded intent) in the intents partition of the key, near the time the
 approval was requested: the partition's time index (one mark a minute, ``log_marks``) bounds
 the range read, so a lookup reads a few minutes of one partition whatever the ledger's size.
 """
@@ -16,7 +17,7 @@ import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from processors.runtime.sqlite_log import INTENTS
+from processors.runtime.sqlite_log import INTENTS, key_fingerprint
 from schemas.codec import CodecError, decode
 from schemas.events import ToolCallRequested
 from schemas.keys import partition_for
@@ -61,12 +62,14 @@ class SqliteIntentLookup:
             ).fetchone()[0]
             rows = conn.execute(
                 "SELECT value FROM log WHERE topic = ? AND partition = ? AND offset >= ? "
-                "AND offset < ? AND key = ? ORDER BY offset DESC LIMIT ?",
+                # the fingerprint, or the whole key (as a file made before stored it)
+                "AND offset < ? AND key IN (?, ?) ORDER BY offset DESC LIMIT ?",
                 (
                     INTENTS,
                     partition,
                     low if low is not None else 0,
                     high if high is not None else 1 << 62,
+                    key_fingerprint(key),
                     key,
                     MAX_CANDIDATES,
                 ),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import secrets
 import sqlite3
@@ -70,8 +71,14 @@ OUTCOMES = "outcomes"
 EXECUTOR = "executor"
 # The stored key of an outcome record: none, its event holds it (the call key). Outcomes are
 # read by position (offsets, the audit rows' pointers), never by key, so the key is not
-# stored twice; intents keep theirs (the approval view finds a call's intents by key).
+# stored twice. An intent's key is stored as its fingerprint (key_fingerprint): what the
+# approval view finds a call's intents by, before it decodes them.
 OWN_KEY = b""
+
+
+def key_fingerprint(key: bytes) -> bytes:
+    """The 8 bytes an intent's key is stored as (its event holds the key itself)."""
+    return hashlib.blake2b(key, digest_size=8).digest()
 WAL_SIZE_LIMIT = 64 << 20
 MARK_INTERVAL_S = 60.0  # a partition's time index (per topic): one (offset, time) mark a minute
 
@@ -360,7 +367,8 @@ class SqliteLog:
             offset = self._next_offset(topic, partition)
             self._next[(topic, partition)] = offset + 1
             offsets.append(offset)
-            rows.append((topic, partition, offset, key, EVENTS.pack(value)))
+            stored_key = key_fingerprint(key) if topic == INTENTS else key
+            rows.append((topic, partition, offset, stored_key, EVENTS.pack(value)))
             if now - self._marked.get((topic, partition), float("-inf")) >= self.mark_interval_s:
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
