@@ -47,10 +47,16 @@ def topic_configs(
     }
 
 
+CONFIG_SETTLE_S = 10.0  # how long a changed config may take to show in the broker's answers
+
+
 async def apply_topic_configs(
     bootstrap: str, configs: dict[str, dict[str, str]]
 ) -> dict[str, dict[str, str]]:
-    """Set ``configs`` on existing topics; returns what the broker reports afterwards."""
+    """Set ``configs`` on existing topics; returns what the broker reports afterwards: once
+    it reports them all, or what it reports after :data:`CONFIG_SETTLE_S` (in KRaft mode a
+    change reaches the broker's metadata after the controller accepted it, so a describe
+    right after an alter can still answer the old value)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -61,7 +67,12 @@ async def apply_topic_configs(
             for code, message, _type, name in response.resources:
                 if code:
                     raise RuntimeError(f"setting the config of {name} failed: {code} {message}")
-        return await _described(admin, configs)
+        deadline = asyncio.get_running_loop().time() + CONFIG_SETTLE_S
+        while True:
+            found = await _described(admin, configs)
+            if found == configs or asyncio.get_running_loop().time() > deadline:
+                return found
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
 

@@ -46,3 +46,18 @@ async def test_a_calls_intents_are_found_by_key_as_stored_now_and_before(tmp_pat
         assert [json.loads(a) for a in found] == [mine]
     finally:
         lookup.close()
+
+
+def test_no_stored_key_starts_like_a_packed_value() -> None:
+    """A search of the ledger file unpacks every value that starts with ``MARK``: a key's
+    fingerprint never does, also when its digest does."""
+    import hashlib
+
+    from schemas.packing import MARK
+
+    key = next(
+        k
+        for k in (f'["acme","t","k{i}"]'.encode() for i in range(100_000))
+        if hashlib.blake2b(k, digest_size=8).digest()[0] == MARK
+    )
+    assert key_fingerprint(key)[0] != MARK
