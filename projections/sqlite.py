@@ -202,6 +202,7 @@ _VIEWED_TYPES = frozenset(
 def _payload_stored(event: Event) -> bool:
     return event.TYPE in _VIEWED_TYPES or getattr(event, "error", None) is not None
 
+
 DDL += GOVERNANCE_DDL
 
 PROJECTION_TABLES = ("tool_calls", "tool_call_events")
@@ -289,9 +290,7 @@ def _states_of(conn: sqlite3.Connection, call_ids: Sequence[str]) -> dict[str, C
     return found
 
 
-def _read_states(
-    conn: sqlite3.Connection, sql: str, params: Sequence[Any]
-) -> dict[str, CallState]:
+def _read_states(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> dict[str, CallState]:
     found: dict[str, CallState] = {}
     for values in conn.execute(sql, params):
         row = dict(zip(STATE_COLUMNS, values, strict=True))

@@ -81,6 +81,8 @@ def key_fingerprint(key: bytes) -> bytes:
     of its BLAKE2b digest. The fixed first byte keeps the rule that only a packed value
     starts with ``schemas.packing.MARK`` in the file (a search of the file unpacks those)."""
     return b"k" + hashlib.blake2b(key, digest_size=8).digest()
+
+
 WAL_SIZE_LIMIT = 64 << 20
 MARK_INTERVAL_S = 60.0  # a partition's time index (per topic): one (offset, time) mark a minute
 

@@ -344,9 +344,7 @@ def put_governance(
 # -- reads --------------------------------------------------------------------------------
 
 
-def read(
-    conn: sqlite3.Connection, keys: Sequence[str], states: CallStates
-) -> dict[str, KeyEntry]:
+def read(conn: sqlite3.Connection, keys: Sequence[str], states: CallStates) -> dict[str, KeyEntry]:
     """The stored entries of ``keys`` (a key with neither a state nor a book is absent)."""
     found = states.states(conn, keys)
     books: dict[str, ApprovalBook] = {}
