@@ -93,6 +93,7 @@ from bench.common import (
     workload_meta,
     write_result,
 )
+from processors.runtime.sqlite_log import OWN_KEY, key_fingerprint
 from producers.client import CallResult, TrustedContext
 from projections import sqlite as projection
 from schemas.codec import decode
@@ -181,7 +182,6 @@ class RowSample:
     """Byte-exact rows of one call, read back from the ledger file (values as stored: packed,
     so the raw baseline writes as many bytes as the ledger)."""
 
-    intent_key: bytes
     intent_value: bytes
     outcome_value: bytes
     call_row: dict[str, Any]  # the key's state too: the executor reads it from this row
@@ -286,8 +286,8 @@ def read_back(path: Path, sample: bool) -> tuple[dict[str, int], RowSample | Non
             rows[table] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
         if not sample:
             return rows, None
-        intent_key, intent_value = conn.execute(
-            "SELECT key, value FROM log WHERE topic = 'intents' ORDER BY offset DESC LIMIT 1"
+        (intent_value,) = conn.execute(
+            "SELECT value FROM log WHERE topic = 'intents' ORDER BY offset DESC LIMIT 1"
         ).fetchone()
         outcome_value = next(
             bytes(value)
@@ -299,7 +299,7 @@ def read_back(path: Path, sample: bool) -> tuple[dict[str, int], RowSample | Non
         cursor = conn.execute("SELECT * FROM tool_calls LIMIT 1")
         names = [d[0] for d in cursor.description]
         call_row = dict(zip(names, cursor.fetchone(), strict=True))
-        return rows, RowSample(bytes(intent_key), bytes(intent_value), outcome_value, call_row)
+        return rows, RowSample(bytes(intent_value), outcome_value, call_row)
     finally:
         conn.close()
 
@@ -317,7 +317,6 @@ def raw_sets(sample: RowSample, n: int, prefix: str) -> list[tuple[tuple[Any, ..
         offsets[partition] += 1
         idem = f"{prefix}-{i:08d}"
         call_key = json.dumps([CONTEXT.tenant_id, TOOL, idem], separators=(",", ":"))
-        key = call_key.encode()
         call_row = dict(
             sample.call_row,
             call_id=f"call_{prefix}{i:028x}",
@@ -326,8 +325,15 @@ def raw_sets(sample: RowSample, n: int, prefix: str) -> list[tuple[tuple[Any, ..
         )
         sets.append(
             (
-                ("intents", partition, offset, key, sample.intent_value),
-                ("outcomes", partition, offset, b"", sample.outcome_value),
+                # the keys as the ledger stores them (an intent's fingerprint, no outcome key)
+                (
+                    "intents",
+                    partition,
+                    offset,
+                    key_fingerprint(call_key.encode()),
+                    sample.intent_value,
+                ),
+                ("outcomes", partition, offset, OWN_KEY, sample.outcome_value),
                 tuple(call_row.values()),
             )
         )

@@ -4,6 +4,7 @@ found all the same."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from processors.runtime.intent_lookup import SqliteIntentLookup
 from processors.runtime.sqlite_log import key_fingerprint
 from processors.toolsets.helpdesk import HelpdeskStore
 from schemas.keys import CallKey
+from schemas.packing import MARK
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
@@ -51,10 +53,6 @@ async def test_a_calls_intents_are_found_by_key_as_stored_now_and_before(tmp_pat
 def test_no_stored_key_starts_like_a_packed_value() -> None:
     """A search of the ledger file unpacks every value that starts with ``MARK``: a key's
     fingerprint never does, also when its digest does."""
-    import hashlib
-
-    from schemas.packing import MARK
-
     key = next(
         k
         for k in (f'["acme","t","k{i}"]'.encode() for i in range(100_000))
