@@ -368,12 +368,15 @@ class PostgresProjection:
         await conn.execute(_stage_ddl(_STAGE_CALLS, CALL_COLUMNS, _CALL_TYPES))
 
     @contextlib.asynccontextmanager
+    async def _connection(self, what: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection in autocommit: a statement on it is a transaction of its own
+        (a single read is one round trip, with no BEGIN and COMMIT around it)."""
+        async with _translated(what), self._pool.connection(timeout=self._timeout) as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        async with (
-            _translated(what),
-            self._pool.connection(timeout=self._timeout) as conn,
-            conn.transaction(),
-        ):
+        async with self._connection(what) as conn, conn.transaction():
             yield conn
 
     # -------------------------------------------------------------------------- writes
@@ -578,9 +581,10 @@ class PostgresCalls(search.CallReads, governance.GovernanceReads):
         self._projection = projection
 
     async def _fetch(self, query: Query) -> list[dict[str, Any]]:
+        """One statement: its own snapshot, so no transaction around it."""
         sql_text, params = query
         async with (
-            self._projection._transaction("read calls") as conn,
+            self._projection._connection("read calls") as conn,
             conn.cursor(row_factory=dict_row) as cur,
         ):
             await cur.execute(sql_text.encode(), params)

@@ -77,6 +77,14 @@ def applied_sql(d: Dialect, event_id: str) -> Query:
     return f"SELECT 1 FROM tool_call_events WHERE event_id = {d.mark}", (event_id,)
 
 
+APPLIED_AMONG_MAX = 500  # event ids per lookup (one placeholder each)
+
+
+def applied_among_sql(d: Dialect, event_ids: Sequence[str]) -> Query:
+    marks = ", ".join([d.mark] * len(event_ids))
+    return f"SELECT event_id FROM tool_call_events WHERE event_id IN ({marks})", tuple(event_ids)
+
+
 class CallReads(ABC):
     """The calls half of :class:`schemas.calls.CallQueries`, written once: an adapter gives
     its dialect and how it runs one indexed lookup."""
@@ -111,3 +119,11 @@ class CallReads(ABC):
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(applied_sql(self.dialect, event_id)))
+
+    async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(event_ids), APPLIED_AMONG_MAX):
+            chunk = event_ids[i : i + APPLIED_AMONG_MAX]
+            rows = await self._fetch(applied_among_sql(self.dialect, chunk))
+            found.update(str(row["event_id"]) for row in rows)
+        return found

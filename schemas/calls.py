@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol
@@ -415,6 +415,9 @@ class CallQueries(Protocol):
 
     async def applied(self, event_id: str) -> bool:
         """Whether the projection has applied this event yet."""
+
+    async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
+        """Which of these events the projection has applied yet (one lookup for many)."""
 
     async def approval(
         self, tenant_id: str | None, approval_id: str, *, now: datetime

@@ -13,6 +13,7 @@ from prometheus_client import Counter
 
 from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
+from producers.http.applied import AppliedWatch
 from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore, failure_counter
 from producers.http.door_state import RunBudget, SwitchCache
 from producers.http.jwt_auth import JwtAuthenticator
@@ -63,9 +64,12 @@ class FrontDoor:
     groups: GroupService | None = None  # None: this backend has no group orchestrator
     intents: IntentArguments | None = None  # None: raw arguments are not shown to approvers
     auth_failures: Counter = field(init=False, repr=False)
+    # read-your-writes: the events answers wait for the projection to apply, polled together
+    applied: AppliedWatch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.auth_failures = failure_counter(self.metrics.registry)
+        self.applied = AppliedWatch(self.queries)
 
     @property
     def authenticator_in_force(self) -> Authenticator:

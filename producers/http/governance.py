@@ -116,7 +116,7 @@ async def approval_request(door: FrontDoor, event: ApprovalRequested) -> dict[st
     status may be ``approved`` already), else (projection late) as the answering event."""
     env = event.envelope
     # read-your-writes: an operator given this id can find the request once this returns
-    if await applied_within(door.queries, event.event_id, PROJECTION_WAIT_S):
+    if await door.applied.within(event.event_id, PROJECTION_WAIT_S):
         now = datetime.now(UTC)
         view = await door.queries.approval(env.tenant_id, event.approval_id, now=now)
         if view is not None:

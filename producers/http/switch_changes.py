@@ -17,7 +17,7 @@ from producers.client import TrustedContext
 from producers.http.access import GLOBAL_OPERATOR
 from producers.http.door import FrontDoor
 from producers.http.errors import refused
-from producers.http.governance import PROJECTION_WAIT_S, applied_within, command
+from producers.http.governance import PROJECTION_WAIT_S, command
 from schemas.calls import SwitchView
 from schemas.errors import ErrorCode
 
@@ -62,7 +62,7 @@ async def switch(
     )
     answer = await command(door, record, broadcast=True)
     if answer is not None:  # the front door's pre-check reads the projection: let it catch up
-        await applied_within(door.queries, answer.event_id, PROJECTION_WAIT_S)
+        await door.applied.within(answer.event_id, PROJECTION_WAIT_S)
     door.switch_cache.clear()
     door.metrics.operator_actions.labels("enable" if enabled else "disable").inc()
     env = record.envelope

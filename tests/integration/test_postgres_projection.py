@@ -25,9 +25,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from processors.ledger import CallState, fold_all
+from projections import search
 from projections import sqlite as sqlite_projection
 from projections.postgres import (
     DeadLetter,
+    PostgresCalls,
     PostgresProjection,
     ProjectionError,
     ProjectionUnavailable,
@@ -44,6 +46,7 @@ from projections.rows import (
     state_of_row,
     whole_payload,
 )
+from projections.sqlite import SqliteCalls
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
@@ -777,3 +780,26 @@ async def test_projector_rides_out_a_database_outage(
 
 async def _failed(projector: KafkaProjector) -> bool:
     return projector.unavailable > 0
+
+
+async def test_applied_among_answers_alike_on_both_read_sides(
+    projection: PostgresProjection,
+) -> None:
+    """One lookup for many waiters (the front doors' read-your-writes): the applied events
+    among those asked, the same on PostgreSQL and SQLite, over several lookups' worth."""
+    events = workload(40, tenants=("acme", "globex"))
+    half = len(events) // 2
+    batch = positioned(events[:half], partition=1, start=0)
+    await projection.apply(batch, CONSUMER, TOPIC)
+    lite = sqlite3.connect(":memory:")
+    lite.executescript(sqlite_projection.DDL)
+    sqlite_projection.apply(lite, batch)
+
+    applied = {event.event_id for event in events[:half]}
+    later = [event.event_id for event in events[half:]]  # not applied yet
+    unknown = [f"no-such-event-{i}" for i in range(search.APPLIED_AMONG_MAX + 7)]
+    asked = [*unknown[:300], *applied, *later, *unknown[300:]]
+    for reads in (PostgresCalls(projection), SqliteCalls(lite)):
+        assert await reads.applied_among(asked) == applied, type(reads).__name__
+        assert await reads.applied_among([]) == set()
+        assert await reads.applied_among(later) == set()
