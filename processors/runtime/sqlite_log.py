@@ -377,7 +377,8 @@ class SqliteLog:
                 self._marked[(topic, partition)] = now
                 marks.append((topic, partition, offset, now))
         self._writes.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?)", rows)
-        self._writes.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
+        if marks:  # one per partition and mark interval: most appends have none
+            self._writes.executemany("INSERT OR REPLACE INTO log_marks VALUES (?, ?, ?, ?)", marks)
         return offsets
 
     def prune(self, topic: str, before: float, limit: int = 5_000) -> int:
