@@ -254,6 +254,7 @@ class Stages:
                     now=env.occurred_at,
                     epoch=run.epoch,
                     gate=self._gate(intent, admitted, run),
+                    approvals=run.approvals(ctx.call_key),
                 ),
                 ctx,
             )

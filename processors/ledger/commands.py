@@ -53,6 +53,9 @@ class Submit:
     now: datetime
     epoch: int
     gate: Gate = field(default_factory=Gate)
+    # the key's approval book, whether or not this call needs an approval: an approval still
+    # open for the key (another call's) keeps the key from expiring
+    approvals: ApprovalBook | None = None
 
 
 @dataclass(frozen=True, slots=True)

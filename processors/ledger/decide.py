@@ -195,8 +195,7 @@ def _expire(state: CallState | None, cmd: Expire) -> Decision:
 def _submit(state: CallState | None, cmd: Submit) -> Decision:
     ctx, now = cmd.context, cmd.now
     if state is not None:
-        book = cmd.gate.approval.book if cmd.gate.approval is not None else None
-        expired = _expired(state, cmd.policy, now, book, ctx.intent_id)
+        expired = _expired(state, cmd.policy, now, cmd.approvals, ctx.intent_id)
         if expired is not None:  # the key is new again: decided as a first call, after it
             first = _submit(None, cmd)
             return Decision((expired, *first.events), first.action)

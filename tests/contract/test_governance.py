@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
+from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from producers import governance
 from producers.client import CallResult, TrustedContext
 from schemas.events import (
@@ -22,7 +24,7 @@ from schemas.events import (
     ToolEnabled,
 )
 from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
-from tests.contract.harness import ACME, GLOBEX, Harness
+from tests.contract.harness import ACME, GLOBEX, Harness, eventually
 
 
 @pytest.fixture(params=IN_PROCESS_BACKENDS)
@@ -221,3 +223,66 @@ async def test_switch_and_approval_events_are_in_the_audit_trail(ledger: Harness
     rows = [r for r in await ledger.event_rows() if r["event_type"] == "ApprovalGranted"]
     assert token not in json.dumps(rows, default=str)
     assert ledger.effects("charge_card", "pay-audit") == 1
+
+
+class _Payout(BaseModel):
+    amount: int
+
+
+class _Paid(BaseModel):
+    run: int
+
+
+def _payout_tool(ledger: Harness, runs: list[int]) -> None:
+    """A tool that needs an operator's approval above 1,000 and nobody's below."""
+
+    async def handler(args: _Payout, ctx: ToolContext) -> _Paid:
+        runs.append(args.amount)
+        return _Paid(run=len(runs))
+
+    ledger.registry.register(
+        Tool(
+            name="payout",
+            version="1",
+            arguments=_Payout,
+            result=_Paid,
+            handler=handler,
+            approval=lambda args: "operator" if args.amount > 1_000 else None,
+            description=ToolDescription("pay", "tests", "always", "one payout", "replayed"),
+        )
+    )
+
+
+async def test_an_open_approval_keeps_its_key_from_expiring(ledger: Harness) -> None:
+    """A key with an approval still to be decided does not expire, whichever call asks: here
+    a small payout that needs no approval ran under the key while a large one waits for its
+    approval. Once the approval is decided, the key expires as any other."""
+    runs: list[int] = []
+    _payout_tool(ledger, runs)
+    ledger.registry.set_default_key_retention(timedelta(seconds=1))
+
+    async def pay(amount: int) -> CallResult:
+        return await ledger.client.call(
+            "payout", {"amount": amount}, idempotency_key="pay-keep", context=ACME
+        )
+
+    request = _request(await pay(5_000))
+    first = await pay(10)
+    assert first.ok and not first.replayed, first
+    await asyncio.sleep(2.5)  # past the retention, twice over the executor's sweep
+    row = await ledger.call_row(first.call_id)
+    assert row is not None and row["expired_at"] is None, row
+    again = await pay(10)
+    assert again.ok and again.replayed and again.result == first.result, again
+    assert runs == [10]
+
+    record = governance.deny(_target(request), "op@acme", "not this one", datetime.now(UTC))
+    assert isinstance(await ledger.client.command(record), ApprovalDenied)
+
+    async def runs_as_new() -> bool:
+        result = await pay(10)
+        assert result.ok, result
+        return not result.replayed
+
+    await eventually(runs_as_new)
+    assert runs == [10, 10]

@@ -223,9 +223,10 @@ def test_given_histories_fold_to_the_intended_states() -> None:
 # ------------------------------------------------------------------------- when: commands
 
 
-def submit(intent: str = "i2", digest: str = DIGEST, policy: Policy = P) -> Submit:
+def submit(intent: str = "i2", digest: str = DIGEST, policy: Policy = P,
+           approvals: ApprovalBook | None = None) -> Submit:
     return Submit(context=ctx(intent, digest), arguments_redacted_json=REDACTED, policy=policy,
-                  now=NOW, epoch=EPOCH)
+                  now=NOW, epoch=EPOCH, approvals=approvals)
 
 
 def finished(outcome: AttemptOutcome, attempt: int = 1, intent: str = "i1",
@@ -726,6 +727,9 @@ def expire(policy: Policy, approvals: ApprovalBook | None = None) -> Expire:
 OPEN_BOOK = ApprovalBook(items=(Approval(
     approval_id="apr_1", args_digest=DIGEST, status=ApprovalStatus.PENDING,
     expires_at=NOW + timedelta(hours=1)),))
+DECIDED_BOOK = ApprovalBook(items=(Approval(
+    approval_id="apr_1", args_digest=DIGEST, status=ApprovalStatus.DENIED,
+    expires_at=NOW + timedelta(hours=1)),))
 SWEEP_ID = expiry_intent_id(fold(SUCCEEDED))  # type: ignore[arg-type]
 
 RETENTION_ROWS: list[Row] = [
@@ -753,6 +757,16 @@ RETENTION_ROWS: list[Row] = [
         [_rejected(ErrorCode.IDEMPOTENCY_KEY_IN_USE)], None, CallStatus.PENDING),
     Row("submit/unknown-never-expires", UNKNOWN, submit(policy=keep(1)),
         [], Reconcile(reconcile_attempt=1), CallStatus.UNKNOWN),
+    # another call's approval is still open for the key: a call that needs none must not
+    # expire the key (and drop that approval with it); it is decided against the state
+    Row("submit/open-approval-of-another-call-keeps-the-key", SUCCEEDED,
+        submit(policy=keep(60), approvals=OPEN_BOOK),
+        [ev(ToolCallReplayed, "i2/replayed/1", status=CallStatus.SUCCEEDED)],
+        None, CallStatus.SUCCEEDED),
+    Row("submit/a-decided-approval-lets-the-key-expire", SUCCEEDED,
+        submit(policy=keep(60), approvals=DECIDED_BOOK),
+        [expired("i2", CallStatus.SUCCEEDED, 60), ev(ToolCallStarted, "i2/started/1")],
+        Execute(attempt=1, round_attempt=1), CallStatus.PENDING),
     Row("expire/succeeded-past-retention", SUCCEEDED, expire(keep(60)),
         [expired(SWEEP_ID, CallStatus.SUCCEEDED, 60)], None, None),
     Row("expire/failed-retryable-past-retention", given(*failed_round(1, 1, 1, RETRYABLE, "i1")),
