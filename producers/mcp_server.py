@@ -295,9 +295,11 @@ def mcp_description(spec: ToolSpec) -> str:
     if retention == "forever":
         text += "\nKeys: kept forever."
     elif isinstance(retention, str):
+        seconds = spec.manifest.get("key_retention_seconds")
+        plainly = f", {_in_words(seconds)}" if isinstance(seconds, int) else ""
         text += (
-            f"\nKeys: a finished call's key is kept for {retention} (ISO 8601) after its "
-            "outcome; after that the same key runs as a new call."
+            f"\nKeys: a finished call's key is kept for {retention} (ISO 8601{plainly}) after "
+            "its outcome; after that the same key runs as a new call."
         )
     note = _APPROVAL_NOTES.get(str(spec.manifest.get("approval")))
     if note is not None:
@@ -307,6 +309,22 @@ def mcp_description(spec: ToolSpec) -> str:
             "call (same idempotency_key, same arguments): the approval is kept with the key."
         )
     return text
+
+
+def _in_words(seconds: int) -> str:
+    """A retention for people: ``24 hours``, ``7 days``, ``1 minute 30 seconds``."""
+    days, rest = divmod(seconds, 86_400)
+    if days > 1 and not rest:  # 24 hours reads as such; 7 days too
+        return _count(days, "day")
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return " ".join(
+        _count(n, unit) for n, unit in ((hours, "hour"), (minutes, "minute"), (secs, "second")) if n
+    )
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
 
 
 def mcp_annotations(spec: ToolSpec) -> types.ToolAnnotations:

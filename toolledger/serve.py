@@ -16,7 +16,7 @@ from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.registry import ToolRegistry
-from processors.tools.retention import describe
+from processors.tools.retention import describe, seconds_of
 from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.app import FrontDoor, ToolInfo, create_app
@@ -137,6 +137,7 @@ class Security:
                 budget=self.run_budget,
                 approval_token_ttl=self.approval_token_ttl,
                 key_retention=describe(registry.default_key_retention),
+                key_retention_seconds=seconds_of(registry.default_key_retention),
             )
 
         return door

@@ -19,7 +19,7 @@ import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -202,7 +202,7 @@ class ToolOptions(TypedDict, total=False):
     scopes: Iterable[str]
     open_world: bool
     approval: ApprovalRule | ApproverKind  # "user", "operator" or a rule choosing by arguments
-    key_retention: timedelta | Literal["forever"]
+    key_retention: timedelta | str  # a duration ("24h", "PT24H") or "forever"
     describe_impact: Callable[[Any], Impact]
     compensate: Compensation  # how a group undoes a completed call (a tool, an args function)
     job_timeout_s: float  # long_running: how long the job may run before it is UNKNOWN

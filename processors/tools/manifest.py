@@ -222,7 +222,7 @@ class Tool:
     approval: ApprovalRule | ApproverKind | None = None
     # how long a finished call's key is kept: a timedelta or "forever"; None: the ledger's
     # default (ToolRegistry.default_key_retention, 24 hours unless --key-retention says)
-    key_retention: timedelta | Literal["forever"] | None = None
+    key_retention: timedelta | str | None = None  # a duration ("24h", "PT24H") or "forever"
     describe_impact: Callable[[Any], Impact] | None = None
     # long_running only: how the executor asks about the job, stops it, and how long it may
     # run before its outcome counts as UNKNOWN (then resolved by poll, never by a restart)

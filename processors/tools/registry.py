@@ -100,7 +100,9 @@ class ToolRegistry:
         self._policies.clear()
 
     def key_retention(self, tool: Tool) -> KeyRetention:
-        return self.default_key_retention if tool.key_retention is None else tool.key_retention
+        if tool.key_retention is None:
+            return self.default_key_retention
+        return check_retention(tool.key_retention)  # checked at registration: it parses
 
     def policy(self, tool: Tool) -> Policy:
         """What the pure core needs of ``tool``, with its key retention resolved (built once

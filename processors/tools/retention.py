@@ -47,12 +47,14 @@ def parse_retention(text: str, what: str = "key retention") -> KeyRetention:
 
 
 def check_retention(retention: object) -> KeyRetention:
-    """``retention`` if it is a usable retention, else :class:`RetentionError`."""
-    if retention == FOREVER:
-        return FOREVER
+    """``retention`` as a usable retention (a duration's text parsed, as
+    :func:`parse_retention` reads it), else :class:`RetentionError`."""
+    if isinstance(retention, str):
+        return parse_retention(retention)
     if not isinstance(retention, timedelta):
         raise RetentionError(
-            f"key_retention must be a timedelta or 'forever', not {type(retention).__name__}"
+            "key_retention must be a duration (a timedelta, or text such as '24h' or 'PT24H') "
+            f"or 'forever', not {type(retention).__name__}"
         )
     if retention < timedelta(seconds=1) or retention.microseconds:
         raise RetentionError(f"key retention {retention} must be a whole number of seconds >= 1")

@@ -53,7 +53,8 @@ class FrontDoor:
     tools: Mapping[str, ToolInfo]
     tokens: TokenStore  # the tokens file (the MCP server authenticates with it too)
     ready: Callable[[], Awaitable[dict[str, bool]]]
-    key_retention: str = "forever"
+    key_retention: str = "forever"  # the default for tools that set none, ISO 8601
+    key_retention_seconds: int | None = None  # the same in seconds (None: forever)
     metrics: Metrics = field(default_factory=Metrics)
     limiter: RateLimiter | None = None
     # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)

@@ -31,6 +31,7 @@ class ToolPage(BaseModel):
     items: list[dict[str, Any]]
     next_cursor: str | None = None
     key_retention: str
+    key_retention_seconds: int | None = None
 
 
 # The Call resource as rendered (CallView without its internal fields).

@@ -135,7 +135,7 @@ async def test_tools_lists_manifests_with_json_schemas_and_key_retention(
     data = response.json()
     # the default is bounded (issue 10): 24 hours, as Stripe keeps keys, for every tool
     # whose manifest sets none; each manifest states the retention in force
-    assert data["key_retention"] == "PT24H"
+    assert (data["key_retention"], data["key_retention_seconds"]) == ("PT24H", 86_400)
     assert "next_cursor" in data
     tools = {t["name"]: t for t in data["items"]}
     for tool in tools.values():

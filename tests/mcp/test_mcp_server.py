@@ -74,6 +74,8 @@ async def check_listing(client: Client) -> None:
         assert "approval_token" not in schema["required"]
         assert tool.description is not None
         assert "same key" in tool.description and "stored outcome" in tool.description
+        # how long the key is kept, stated in the description (the default: 24 hours)
+        assert "key is kept for PT24H (ISO 8601, 24 hours)" in tool.description, name
         # only the tools that need a human's approval say so
         assert ("APPROVAL_REQUIRED" in tool.description) is (name in NEEDS_APPROVAL), name
         annotations = tool.annotations

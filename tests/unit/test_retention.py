@@ -69,7 +69,9 @@ def _tool(retention: Any) -> Tool:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("bad", ["24h", 3600, timedelta(0), timedelta(milliseconds=1500)])
+@pytest.mark.parametrize(
+    "bad", ["soon", "24 hours", "0s", 3600, timedelta(0), timedelta(milliseconds=1500)]
+)
 def test_a_manifest_retention_that_is_no_duration_is_refused_at_registration(bad: Any) -> None:
     with pytest.raises(ToolRegistrationError, match=r"key_retention|key retention"):
         ToolRegistry().register(_tool(bad))
@@ -86,6 +88,21 @@ def test_the_manifest_states_the_retention_in_force() -> None:
     own = ToolRegistry()
     tool = own.register(_tool(timedelta(minutes=2)))
     assert own.manifest(tool)["key_retention_seconds"] == 120
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds", "shown"),
+    [("24h", 86_400, "PT24H"), ("PT2H", 7_200, "PT2H"), ("90s", 90, "PT1M30S"),
+     ("forever", None, "forever")],
+)  # fmt: skip
+def test_a_manifest_retention_may_be_a_duration_text(
+    given: str, seconds: int | None, shown: str
+) -> None:
+    registry = ToolRegistry()
+    tool = registry.register(_tool(given))
+    assert registry.policy(tool).key_retention_s == seconds
+    assert registry.manifest(tool)["key_retention"] == shown
+    assert registry.manifest(tool)["key_retention_seconds"] == seconds
 
 
 def test_the_command_line_option_refuses_what_is_no_duration() -> None:

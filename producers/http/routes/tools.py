@@ -23,5 +23,6 @@ async def list_tools(door: Door, context: Caller) -> Response:
         "items": [t.manifest for t in door.tools.values()],
         "next_cursor": None,
         "key_retention": door.key_retention,
+        "key_retention_seconds": door.key_retention_seconds,
     }
     return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
