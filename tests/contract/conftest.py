@@ -26,9 +26,12 @@ BACKENDS: list[Any] = [
 IN_PROCESS_BACKENDS = [b for b in BACKENDS if b != "http"]
 
 
-async def open_harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+async def open_harness(
+    request: pytest.FixtureRequest, tmp_path: Path, variant: str | None = None
+) -> AsyncIterator[Harness]:
+    """The harness of ``variant`` (one of :data:`BACKENDS`; default: the fixture's param)."""
     harness: Harness
-    backend, _, cache = str(request.param).partition("-")
+    backend, _, cache = (variant or str(request.param)).partition("-")
     cache_entries = 1 if cache == "cache1" else None
     if backend == "kafka":
         from tests.contract.kafka import KafkaHarness
