@@ -11,9 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from processors.ledger.commands import Found, Inconclusive, ReconcileOutcome
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.retention import FOREVER
 from schemas.keys import CallKey
+from schemas.status import CallStatus
 from tests.contract.harness import ACME, Harness, eventually
 
 RETENTION = timedelta(seconds=1)
@@ -134,3 +136,52 @@ async def test_an_expiry_survives_a_restart_and_a_rebuild(ledger: Harness) -> No
     assert again.ok and not again.replayed
     assert ledger.effects("create_ticket", "k-rs") == 2
     assert CallKey("acme", "create_ticket", "k-rs").call_id == first.call_id
+
+
+def _opaque_tool(ledger: Harness, runs: list[int], known: list[bool]) -> None:
+    """A tool whose calls time out (UNKNOWN) and whose downstream cannot say whether they
+    happened until ``known`` holds True: the call stays UNKNOWN until then."""
+
+    async def handler(args: Slow, ctx: ToolContext) -> Done:
+        runs.append(1)
+        await asyncio.sleep(3600)  # the timeout cancels it: the outcome is unknown
+        return Done(ran=len(runs))
+
+    async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
+        if not known:
+            return Inconclusive("the downstream does not answer yet")
+        return Found(result_json='{"ran":1}')
+
+    ledger.registry.register(
+        Tool(
+            name="opaque_op",
+            version="1",
+            arguments=Slow,
+            result=Done,
+            handler=handler,
+            timeout_s=0.3,
+            reconcile=reconcile,
+            key_retention=RETENTION,
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+
+
+async def test_an_unknown_call_does_not_expire_until_it_is_resolved(ledger: Harness) -> None:
+    runs: list[int] = []
+    known: list[bool] = []
+    _opaque_tool(ledger, runs, known)
+    args = {"seconds": 0}
+    first = await ledger.client.call("opaque_op", args, idempotency_key="k-opaque", context=ACME)
+    assert first.status is CallStatus.UNKNOWN, first
+    await asyncio.sleep(2.5)  # past the retention; the sweeper reconciles, inconclusively
+    row = await ledger.call_row(first.call_id)
+    assert row is not None and row["status"] == "UNKNOWN" and row["expired_at"] is None, row
+    again = await ledger.client.call("opaque_op", args, idempotency_key="k-opaque", context=ACME)
+    assert again.status is CallStatus.UNKNOWN and runs == [1], again  # reconciled, not re-run
+    known.append(True)
+    resolved = await ledger.client.call("opaque_op", args, idempotency_key="k-opaque", context=ACME)
+    assert resolved.ok and resolved.result == {"ran": 1} and runs == [1], resolved
+    await _expired_row(ledger, first.call_id)  # resolved: now its retention counts
+    new = await ledger.client.call("opaque_op", args, idempotency_key="k-opaque", context=ACME)
+    assert new.status is CallStatus.UNKNOWN and not new.replayed and runs == [1, 1], new
