@@ -174,8 +174,9 @@ def executor(
         Path | None,
         typer.Option(
             help="Where the local stores of owned partitions live; kept across restarts, a "
-            "restart reads only the state topic's tail (default: a temporary directory, so "
-            "every start restores its partitions from the topic)."
+            "restart reads only the state topic's tail (default: <temp dir>/toolledger-state/"
+            "<consumer group>; each store is locked while open, so executors on one host may "
+            "share it)."
         ),
     ] = None,
     cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import sqlite3
 import tempfile
 import time
@@ -37,7 +38,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore
+from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
 from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
@@ -325,6 +326,15 @@ class _Owned:
         self.local = local
 
 
+def default_state_dir(group: str) -> Path:
+    """Where an executor keeps its local stores unless told: a directory per consumer group
+    under the system's temporary directory (as Kafka Streams' default ``state.dir``), so a
+    restart on the same host reads only the state topic's tail without any setting. Stores
+    are locked while open (:class:`StoreBusy`): executors of a group may share it."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", group)
+    return Path(tempfile.gettempdir()) / "toolledger-state" / safe
+
+
 class KafkaExecutor:
     def __init__(
         self,
@@ -340,9 +350,9 @@ class KafkaExecutor:
         state_dir: Path | None = None,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
-        """``state_dir``: where the local stores of owned partitions live (None: a temporary
-        directory, so every takeover restores from the topic). ``cache_entries``: call keys
-        held in memory by all partitions together."""
+        """``state_dir``: where the local stores of owned partitions live, kept across
+        restarts (None: :func:`default_state_dir`, one directory per consumer group on this
+        host). ``cache_entries``: call keys held in memory by all partitions together."""
         self.bootstrap = bootstrap
         self.topics = topics
         self._stages = stages
@@ -360,11 +370,11 @@ class KafkaExecutor:
                 f"session_timeout_ms={session_timeout_ms} must exceed the longest tool timeout "
                 f"({longest:g} s)"
             )
-        self._temporary_dir: tempfile.TemporaryDirectory[str] | None = None
-        if state_dir is None:
-            self._temporary_dir = tempfile.TemporaryDirectory(prefix="toolledger-state-")
-            state_dir = Path(self._temporary_dir.name)
-        self.state_dir = Path(state_dir)
+        self.state_dir = (
+            Path(state_dir) if state_dir is not None else default_state_dir(topics.executor_group)
+        )
+        # stores of partitions whose store in state_dir was open elsewhere (see _open_store)
+        self._private_dir: tempfile.TemporaryDirectory[str] | None = None
         self._cache_entries = max(1, cache_entries // topics.partitions)
         self._cluster_id: str | None = None
         self.restored: dict[int, int] = {}  # state records read by the last takeover, by partition
@@ -407,9 +417,9 @@ class KafkaExecutor:
         self._cleanup()
 
     def _cleanup(self) -> None:
-        if self._temporary_dir is not None:
-            self._temporary_dir.cleanup()
-            self._temporary_dir = None
+        if self._private_dir is not None:
+            self._private_dir.cleanup()
+            self._private_dir = None
 
     async def crash(self) -> None:
         """Abandon everything at once, as a killed process would (tests use it)."""
@@ -487,7 +497,7 @@ class KafkaExecutor:
         worker: PartitionWorker | None = None
         local: LocalStore | None = None
         try:
-            local = LocalStore(self.state_dir / f"{self.topics.state}-{p}.db", self._identity(p))
+            local = self._open_store(p)
             if p in self._damaged:
                 local.rebuild("a read or write of it failed")
                 self._damaged.discard(p)
@@ -525,6 +535,22 @@ class KafkaExecutor:
             extra={"partition": p, "position": position, "restored": self.restored[p]},
         )
         return _Owned(producer, worker, local)
+
+    def _open_store(self, p: int) -> LocalStore:
+        """The partition's local store in the state directory; if another executor on this
+        host still has it open (a paused former owner, which the fence stops before it
+        writes again), a store of this executor's own, restored cold: never the same file."""
+        name = f"{self.topics.state}-{p}.db"
+        try:
+            return LocalStore(self.state_dir / name, self._identity(p))
+        except StoreBusy as busy:
+            log.warning(
+                "local store busy: restoring the partition into a store of this executor",
+                extra={"partition": p, "reason": str(busy)},
+            )
+            if self._private_dir is None:
+                self._private_dir = tempfile.TemporaryDirectory(prefix="toolledger-state-")
+            return LocalStore(Path(self._private_dir.name) / name, self._identity(p))
 
     def _identity(self, partition: int) -> dict[str, str]:
         """What a local store must have been made for to be used again."""

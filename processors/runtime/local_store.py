@@ -11,7 +11,12 @@ of the partition of the compacted ``state`` topic, with the changelog offset it 
   memory holds only its working set (:mod:`processors.runtime.key_cache`);
 * a file that does not belong to this topic partition (another cluster, group, topic or
   partition count), that is ahead of its topic (the topic was recreated), or that cannot be
-  read is rebuilt from the topic, with a log line: it is only a cache, never the truth.
+  read is rebuilt from the topic, with a log line: it is only a cache, never the truth;
+* one process at a time: a store is opened under an exclusive lock on ``<file>.lock`` (as
+  Kafka Streams locks a task's state directory), held until it is closed. Executors on one
+  host share a state directory by default, and a paused former owner may still hold its
+  partition's store when the new owner takes over: the new owner gets :class:`StoreBusy`
+  and restores into a store of its own instead (the executor does), never the same file.
 
 Durability: ``synchronous=NORMAL`` in WAL mode (no fsync per commit). A crash of the process
 loses nothing; a power loss may lose the last commits *with* their checkpoint, and the next
@@ -21,6 +26,7 @@ start reads them from the topic again.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
@@ -51,18 +57,28 @@ BULK_CACHE_KIB = 64 << 10  # SQLite's page cache while a restore writes (default
 _META = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
 
 
+class StoreBusy(RuntimeError):
+    """Another process (or another open store in this one) holds the store's lock."""
+
+
 class LocalStore:
     def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
         """Open the store at ``path`` for the partition ``identity`` names (cluster, group,
-        topic, partition, partition count); a store of anything else is rebuilt empty."""
+        topic, partition, partition count); a store of anything else is rebuilt empty.
+        :class:`StoreBusy` if the store is open elsewhere (nothing is touched then)."""
         self.path = Path(path)
         self.identity = {"format": FORMAT, **identity}
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _locked(Path(f"{self.path}.lock"))
         try:
-            self.conn = self._open()
-        except sqlite3.DatabaseError as exc:
-            self.rebuild(f"it cannot be read ({exc})")
-        self._reader = Reader(self.path, IN_CALL_STATE)
+            try:
+                self.conn = self._open()
+            except sqlite3.DatabaseError as exc:
+                self.rebuild(f"it cannot be read ({exc})")
+            self._reader = Reader(self.path, IN_CALL_STATE)
+        except BaseException:
+            os.close(self._lock)
+            raise
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -118,8 +134,13 @@ class LocalStore:
         return self._open()
 
     def close(self) -> None:
-        self._reader.close()
-        self.conn.close()
+        try:
+            self._reader.close()
+            self.conn.close()
+        finally:
+            if self._lock >= 0:  # once: the number may belong to another file afterwards
+                os.close(self._lock)  # and with it the lock: the next owner may open the store
+                self._lock = -1
 
     @contextlib.contextmanager
     def bulk(self) -> Iterator[None]:
@@ -328,3 +349,15 @@ class _Mismatch(Exception):
 
 def _render(identity: Mapping[str, str]) -> str:
     return ",".join(f"{k}={identity[k]}" for k in sorted(identity))
+
+
+def _locked(path: Path) -> int:
+    """An open descriptor of ``path`` holding an exclusive lock on it (released when it is
+    closed, or when the process ends however it ends), else :class:`StoreBusy`."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreBusy(f"{path.with_suffix('')} is open in another executor") from None
+    return fd

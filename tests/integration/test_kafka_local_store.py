@@ -5,6 +5,8 @@ kept, is rebuilt, never used. In every case each key still replays."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -149,5 +151,38 @@ async def test_a_restore_in_many_chunks_makes_the_store_a_restore_in_one_makes(
             cut.close()
         assert (states, books) == (12, 1)
     finally:
+        await harness.close()
+        harness.store.close()
+
+
+async def test_a_store_open_elsewhere_is_left_alone_and_its_partition_restored_apart(
+    tmp_path: Path, services: Services
+) -> None:
+    """Executors on one host share a state directory by default: a store still locked by
+    another executor (a paused former owner) is neither read nor written; the partition is
+    restored into a store of the new owner's own, and every key still replays."""
+    harness = KafkaHarness(tmp_path, services)
+    state_dir = tmp_path / "executor-state"
+    await harness.start()
+    held: list[int] = []
+    try:
+        await _calls(harness, range(12))
+        await harness.stop()
+        stores = sorted(state_dir.glob("*.db"))
+        assert len(stores) == harness.topics.partitions
+        before = {store: store.read_bytes() for store in stores}
+        for store in stores:  # what another process holding the stores holds
+            fd = os.open(f"{store}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            held.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+        await harness.start()
+        assert _restored(harness) > 0  # restored from the topic, not read from the stores
+        await _all_replay(harness, range(12))
+        await harness.stop()
+        assert {store: store.read_bytes() for store in stores} == before
+    finally:
+        for fd in held:
+            os.close(fd)
         await harness.close()
         harness.store.close()

@@ -21,8 +21,8 @@ from processors.ledger import CallContext, CallState
 from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
 from processors.ports import CommitBatch
 from processors.runtime import state_table
-from processors.runtime.kafka import meta_headers, meta_of_headers
-from processors.runtime.local_store import LocalStore
+from processors.runtime.kafka import default_state_dir, meta_headers, meta_of_headers
+from processors.runtime.local_store import LocalStore, StoreBusy
 from processors.runtime.snapshot import APPROVALS_PREFIX, REFUSED_KEY, SWITCH_PREFIX, topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
@@ -182,6 +182,22 @@ def test_a_local_store_of_another_topic_partition_is_rebuilt(
         assert "rebuilt" in caplog.text
     finally:
         other.close()
+
+
+def test_a_local_store_is_open_in_one_place_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "p0.db"
+    store = LocalStore(path, IDENTITY)
+    store.apply(_pairs(_batches()[0]), 42)
+    with pytest.raises(StoreBusy):
+        LocalStore(path, {**IDENTITY, "cluster": "c2"})  # would have rebuilt it: refused
+    assert store.checkpoint == 42 and set(store.reader.read(KEYS)) == set(KEYS)
+    store.close()
+    store.close()  # closing twice closes nothing else
+    again = LocalStore(path, IDENTITY)  # the lock went with the first
+    try:
+        assert again.checkpoint == 42
+    finally:
+        again.close()
 
 
 def test_a_damaged_local_store_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -517,3 +533,12 @@ async def test_a_ledger_whose_log_was_pruned_still_replays_and_restarts(
         old = await ledger.client.call("op", {"title": "k0"}, idempotency_key="k0", context=caller)
         assert old.replayed
     assert made == [*keys, "new"]
+
+
+def test_an_executors_stores_are_kept_across_restarts_without_a_flag() -> None:
+    # one directory per consumer group, outside any one process's life (a temporary
+    # directory of its own would make every restart a full restore)
+    assert default_state_dir("toolledger-executor") == (
+        Path(tempfile.gettempdir()) / "toolledger-state" / "toolledger-executor"
+    )
+    assert default_state_dir("a/../b c").name == "a_.._b_c"  # never a path of its own
