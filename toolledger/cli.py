@@ -165,10 +165,15 @@ def executor(
         str | None, typer.Option(help="Touched once partitions are owned.")
     ] = None,
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
-    intents_retention_ms: Annotated[
-        int | None,
-        typer.Option(help="Retention of the intents topic (raw arguments) when it is created."),
-    ] = None,
+    intents_retention: Annotated[
+        str,
+        typer.Option(
+            help="How long intents are kept, set when this creates the intents topic (an "
+            "existing topic keeps its config: see `toolledger topics`). They hold the only "
+            "copy of raw arguments: this is the retention of sensitive data (90s, 30m, 24h, "
+            "7d, P7D)."
+        ),
+    ] = "7d",
     key_retention: options.KeyRetentionOption = "24h",
     state_dir: Annotated[
         Path | None,
@@ -194,6 +199,9 @@ def executor(
             tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
         )
         options.key_retention(registry, key_retention)
+        intents_ms = _retention_ms(
+            intents_retention, allow_forever=False, what="--intents-retention"
+        )
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -208,7 +216,7 @@ def executor(
             session_timeout_ms=session_timeout_ms,
             ready_file=ready_file,
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-            intents_retention_ms=intents_retention_ms,
+            intents_retention_ms=intents_ms,
             state_dir=state_dir,
             cache_entries=cache_entries,
         )

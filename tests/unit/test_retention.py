@@ -108,3 +108,18 @@ def test_a_manifest_retention_may_be_a_duration_text(
 def test_the_command_line_option_refuses_what_is_no_duration() -> None:
     with pytest.raises(ConfigError, match="not a duration"):
         options.key_retention(ToolRegistry(), "a day")
+
+
+@pytest.mark.parametrize("command", ["executor", "topics"])
+def test_kafka_commands_read_the_intents_retention_as_a_duration(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from toolledger.cli import app
+
+    monkeypatch.setenv("TOOLLEDGER_REDACTION_SECRET", "00112233445566778899aabbccddeeff")
+    for bad, why in (("soon", "not a duration"), ("forever", "time retention")):
+        answer = CliRunner().invoke(app, [command, "--intents-retention", bad])
+        assert answer.exit_code == 2, answer.output
+        assert why in answer.output
