@@ -316,6 +316,30 @@ async def drive_async(
     return Timing(time.perf_counter() - started, latencies)
 
 
+async def drive_at_rate(
+    plan: Sequence[WorkCall], rate: float, call: Callable[[WorkCall], Awaitable[None]]
+) -> Timing:
+    """An open loop: call ``i`` of ``plan`` starts at ``i / rate`` seconds whether or not the
+    earlier ones were answered, and its latency counts from that scheduled start (a late
+    start counts against it, as a caller arriving at that rate would see it)."""
+    latencies = [0.0] * len(plan)
+
+    async def one(i: int, due: float) -> None:
+        await call(plan[i])
+        latencies[i] = time.perf_counter() - due
+
+    tasks: list[asyncio.Task[None]] = []
+    started = time.perf_counter()
+    for i in range(len(plan)):
+        due = started + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    return Timing(time.perf_counter() - started, latencies)
+
+
 def drive_threads(
     plan: Sequence[WorkCall], callers: int, call: Callable[[WorkCall], None]
 ) -> Timing:

@@ -20,7 +20,10 @@ raw baseline: one ``INSERT OR IGNORE`` per call into a plain ``sqlite3`` claim t
 same ``synchronous``, the same callers and one writer thread, with group commit
 (``raw_group_commit``, the median of ``--matrix-raw-repeats`` runs: the ratio's denominator)
 and with a commit per call (``raw_commit_per_call``). Every cell checks that each unique key
-executed exactly once and that exactly the retries were answered as replays.
+executed exactly once and that exactly the retries were answered as replays. The target's
+own cell (16 callers, FULL, D=0) then runs an open loop on new keys at half its closed-loop
+rate for 10 s (``half_rate``: calls issued on a fixed schedule, latency from each call's
+scheduled start), for the target's "p99 at half that rate".
 
 **The window scenarios** (the top-level keys, as before; ``--window`` calls at a time):
 
@@ -86,6 +89,7 @@ from bench.common import (
     Timing,
     WorkCall,
     drive_async,
+    drive_at_rate,
     make_registry,
     make_workload_registry,
     new_progress,
@@ -400,6 +404,7 @@ def run_raw(
 MATRIX_CALLERS = (16, 256)
 MATRIX_SYNCHRONOUS = ("FULL", "NORMAL")
 MATRIX_DUPLICATES = (0.0, 0.5)
+HALF_RATE_SECONDS = 10.0  # the open loop at half the rate (16 callers, FULL, D=0)
 CONTEXTS = {t: TrustedContext(tenant_id=t, principal="bench-agent") for t in TENANTS}
 
 
@@ -539,9 +544,17 @@ def warm_plan(calls: int) -> list[WorkCall]:
 
 
 async def cell_ledger(
-    plan: Sequence[WorkCall], *, callers: int, synchronous: str, warmup: int, base: Path | None
+    plan: Sequence[WorkCall],
+    *,
+    callers: int,
+    synchronous: str,
+    warmup: int,
+    base: Path | None,
+    half_rate_s: float = 0.0,
 ) -> CellRun:
-    """The workload through the public API (``toolledger.Ledger.embedded``)."""
+    """The workload through the public API (``toolledger.Ledger.embedded``). With
+    ``half_rate_s``, then an open loop at half the closed loop's calls/s for that long, on new
+    keys of the same workload (``extra["half_rate"]``: the latency at half the load)."""
     executions = Executions()
     wrong = WrongAnswers()
 
@@ -564,8 +577,22 @@ async def cell_ledger(
             executions.reset()
             wrong = WrongAnswers()
             timing = await drive_async(plan, callers, call)
-    checks = wrong.into(executions.check(plan))
-    return CellRun(timing, checks)
+            checks = wrong.into(executions.check(plan))
+            extra: dict[str, Any] = {}
+            if half_rate_s > 0:
+                rate = timing.calls_per_s / 2
+                more = plan_workload(max(1, round(rate * half_rate_s)), 0.0, gap=1, seed=77)
+                executions.reset()
+                wrong = WrongAnswers()
+                at_rate = await drive_at_rate(more, rate, call)
+                extra["half_rate"] = {
+                    "rate_per_s": round(rate, 1),
+                    "calls": len(more),
+                    "p50_ms": round(at_rate.percentile_ms(50), 2),
+                    "p99_ms": round(at_rate.percentile_ms(99), 2),
+                    "checks": wrong.into(executions.check(more)),
+                }
+    return CellRun(timing, checks, extra)
 
 
 async def cell_raw(
@@ -611,6 +638,8 @@ async def measure_matrix(args: argparse.Namespace, console: Console) -> dict[str
                 # the retry of a key comes >= 4 x callers calls after it: almost always a replay
                 plan = plan_workload(args.calls, share, gap=4 * callers)
                 label = f"{callers} callers, {synchronous}, D={share}"
+                # the target's latency is at half its rate: measured for the target's own cell
+                half = callers == 16 and synchronous == "FULL" and share == 0.0
                 with console.status(f"{label}: toolledger"):
                     ledger = await cell_ledger(
                         plan,
@@ -618,6 +647,7 @@ async def measure_matrix(args: argparse.Namespace, console: Console) -> dict[str
                         synchronous=synchronous,
                         warmup=args.warmup,
                         base=base,
+                        half_rate_s=HALF_RATE_SECONDS if half else 0.0,
                     )
                 # the raw runs are short and load-sensitive: the median of a few group-commit
                 # runs (by calls/s) is kept, and all are listed
@@ -660,6 +690,12 @@ async def measure_matrix(args: argparse.Namespace, console: Console) -> dict[str
                     ),
                 }
                 cells.append(cell)
+                if "half_rate" in ledger.extra:
+                    h = ledger.extra["half_rate"]
+                    console.print(
+                        f"{label}: at half the rate ({h['rate_per_s']:,.0f} calls/s, open loop) "
+                        f"p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms"
+                    )
                 console.print(
                     f"{label}: toolledger {cell['toolledger']['calls_per_s']:,.0f} calls/s "
                     f"(p50 {cell['toolledger']['p50_ms']} ms, p99 {cell['toolledger']['p99_ms']}"
@@ -852,6 +888,8 @@ def all_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             cell[system]["checks"]
             for system in ("toolledger", "raw_group_commit", "raw_commit_per_call")
         )
+        if "half_rate" in cell["toolledger"]:
+            checks.append(cell["toolledger"]["half_rate"]["checks"])
     return checks
 
 
