@@ -9,6 +9,7 @@ import fcntl
 import os
 import shutil
 import sqlite3
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from processors.runtime import kafka as kafka_runtime
 from processors.runtime.kafka import restore_local
 from processors.runtime.local_store import LocalStore
-from tests.contract.harness import ACME
+from tests.contract.harness import ACME, eventually
 from tests.contract.kafka import KafkaHarness
 from tests.services import Services
 
@@ -184,5 +185,42 @@ async def test_a_store_open_elsewhere_is_left_alone_and_its_partition_restored_a
     finally:
         for fd in held:
             os.close(fd)
+        await harness.close()
+        harness.store.close()
+
+
+async def test_an_expiry_survives_a_takeover_by_a_host_without_the_store(
+    tmp_path: Path, services: Services
+) -> None:
+    """The expiry reaches the state topic as the key's tombstone: a new owner that restores
+    the partition from the topic alone (no local store) finds the key gone, and a call with
+    it runs as a new call; a key that did not expire still replays."""
+    harness = KafkaHarness(tmp_path, services)
+    await harness.start()
+    try:
+        harness.registry.set_default_key_retention(timedelta(seconds=1))
+        gone = await harness.client.call(
+            "create_ticket", {"title": "gone"}, idempotency_key="k-gone", context=ACME
+        )
+        assert gone.ok
+
+        async def expired() -> bool:
+            row = await harness.call_row(gone.call_id)
+            return row is not None and row["expired_at"] is not None
+
+        await eventually(expired)
+        harness.registry.set_default_key_retention(timedelta(hours=1))  # nothing else expires
+        await _calls(harness, range(2))  # k0, k1: kept
+        await harness.stop()
+        shutil.rmtree(tmp_path / "executor-state")  # a new host: the topic is all there is
+        await harness.start()
+        assert _restored(harness) > 0
+        await _all_replay(harness, range(2))
+        again = await harness.client.call(
+            "create_ticket", {"title": "gone"}, idempotency_key="k-gone", context=ACME
+        )
+        assert again.ok and not again.replayed, again
+        assert harness.effects("create_ticket", "k-gone") == 2
+    finally:
         await harness.close()
         harness.store.close()
