@@ -329,14 +329,29 @@ def projector(
     batch_max: Annotated[
         int, typer.Option(min=1, help="Most outcome records applied in one transaction.")
     ] = 2000,
+    audit_retention: options.AuditRetentionOption = "forever",
 ) -> None:
     """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
     _require("kafka", "postgres", what="toolledger projector")
     from schemas.topics import Topics
     from toolledger.distributed import run_projector
 
+    try:
+        keep = _optional_retention(audit_retention, "--audit-retention")
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
     topics = Topics(prefix, partitions)
-    asyncio.run(run_projector(kafka, postgres, topics, ready_file=ready_file, batch_max=batch_max))
+    asyncio.run(
+        run_projector(
+            kafka,
+            postgres,
+            topics,
+            ready_file=ready_file,
+            batch_max=batch_max,
+            audit_retention=keep,
+        )
+    )
 
 
 @command()
@@ -490,13 +505,7 @@ def serve(
             "deleted, 'toolledger replay' can no longer rebuild the read model from the log.",
         ),
     ] = "forever",
-    audit_retention: Annotated[
-        str,
-        typer.Option(
-            help="How long the audit trail keeps the record of a finished call whose key has "
-            "expired (30d, 720h, or 'forever'). Open calls and live keys keep theirs.",
-        ),
-    ] = "forever",
+    audit_retention: options.AuditRetentionOption = "forever",
     mcp: Annotated[
         bool,
         typer.Option(

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.topics import Topics
+from toolledger.audit import audit_retention as audit_retention_of
 from toolledger.kafka_admin import ensure_topics
 
 if TYPE_CHECKING:
@@ -70,10 +71,22 @@ async def run_executor(
 
 
 async def run_projector(
-    bootstrap: str, postgres: str, topics: Topics, *, ready_file: str | None, batch_max: int = 2000
+    bootstrap: str,
+    postgres: str,
+    topics: Topics,
+    *,
+    ready_file: str | None,
+    batch_max: int = 2000,
+    audit_retention: timedelta | None = None,
 ) -> None:
+    """Fold the outcome log into PostgreSQL until SIGTERM; with ``audit_retention``, also
+    prune the audit trail of expired keys past it (:mod:`toolledger.audit`)."""
+    from projections.audit_retention import prune_postgres
     from projections.postgres import PostgresProjection, migrate
     from projections.projector import KafkaProjector
+
+    async def prune(cutoff: datetime) -> int:
+        return await prune_postgres(postgres, cutoff)
 
     await ensure_topics(bootstrap, topics)
     await migrate(postgres)
@@ -84,7 +97,8 @@ async def run_projector(
         if ready_file:
             await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
         try:
-            await wait_for_signal()
+            async with audit_retention_of(prune, audit_retention):
+                await wait_for_signal()
         finally:
             await projector.stop()
             log.info("projector stopped")

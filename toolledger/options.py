@@ -130,6 +130,14 @@ def key_retention(registry: ToolRegistry, text: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
+AuditRetentionOption = Annotated[
+    str,
+    typer.Option(
+        help="How long the audit trail keeps the record of a finished call whose key has "
+        "expired (30d, 720h, or 'forever'). Open calls and live keys keep theirs. One process "
+        "per read model prunes it: the front door (serve) or the projector.",
+    ),
+]
 PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
 
 CacheEntriesOption = Annotated[

@@ -5,13 +5,18 @@ newer events stay; one pruner at a time (an advisory lock)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from projections.audit_retention import prune_postgres
+from schemas.topics import Topics
 from tests.services import Services
+from toolledger.distributed import run_projector
 
 pytestmark = pytest.mark.services
 
@@ -67,3 +72,32 @@ async def test_prune_postgres_keeps_open_calls_and_live_keys(services: Services)
         found = await conn.execute("SELECT DISTINCT call_id FROM tool_call_events ORDER BY 1")
         assert [r[0] for r in await found.fetchall()] == ["live", "open", "recent"]
         assert await prune_postgres(dsn, NOW - timedelta(hours=1)) == 0  # a round: idempotent
+
+
+async def test_the_projector_prunes_the_audit_trail_when_told(services: Services) -> None:
+    """``toolledger projector --audit-retention``: the projector, which owns the read model,
+    runs the rounds (its first at start), so a deployment without a front door prunes too."""
+    dsn = await services.fresh_database()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await _call(conn, "gone", "SUCCEEDED", expired=True)
+        await _call(conn, "live", "SUCCEEDED", expired=False)
+    topics = Topics(prefix=f"a{uuid.uuid4().hex[:10]}.", partitions=1)
+    projector = asyncio.create_task(
+        run_projector(
+            services.kafka, dsn, topics, ready_file=None, audit_retention=timedelta(days=1)
+        )
+    )
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(300):
+                found = await conn.execute("SELECT DISTINCT call_id FROM tool_call_events")
+                if {r[0] for r in await found.fetchall()} == {"live"}:
+                    break
+                assert not projector.done(), projector
+                await asyncio.sleep(0.1)
+            rows = await (await conn.execute("SELECT call_id FROM tool_calls")).fetchall()
+            assert [r[0] for r in rows] == ["live"]
+    finally:
+        projector.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await projector

@@ -112,6 +112,16 @@ def test_serve_refuses_an_audit_retention_that_is_not_a_duration(tmp_path: Path)
     assert "not a duration" in answer.output
 
 
+def test_the_projector_refuses_an_audit_retention_that_is_not_a_duration() -> None:
+    from typer.testing import CliRunner
+
+    from toolledger.cli import app
+
+    answer = CliRunner().invoke(app, ["projector", "--audit-retention", "soon"])
+    assert answer.exit_code == 2, answer.output
+    assert "not a duration" in answer.output
+
+
 async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Path) -> None:
     """Under a constant stream of calls the writer commits back to back; a round takes its
     turn behind it (``SqliteLog.locked_write``) and deletes what is past the cutoff, where a
