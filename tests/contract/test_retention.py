@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from processors.ledger.commands import Found, Inconclusive, ReconcileOutcome
@@ -16,6 +18,7 @@ from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.retention import FOREVER
 from schemas.keys import CallKey
 from schemas.status import CallStatus
+from tests.contract.conftest import open_harness
 from tests.contract.harness import ACME, Harness, eventually
 
 RETENTION = timedelta(seconds=1)
@@ -185,3 +188,21 @@ async def test_an_unknown_call_does_not_expire_until_it_is_resolved(ledger: Harn
     await _expired_row(ledger, first.call_id)  # resolved: now its retention counts
     new = await ledger.client.call("opaque_op", args, idempotency_key="k-opaque", context=ACME)
     assert new.status is CallStatus.UNKNOWN and not new.replayed and runs == [1, 1], new
+
+
+async def test_the_http_api_shows_that_a_key_expired(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``GET /v1/calls/{id}``: an expired key's call stays findable, with ``expired_at``."""
+    async for ledger in open_harness(request, tmp_path, "http"):
+        ledger.registry.set_default_key_retention(RETENTION)
+        args = {"title": "read over HTTP"}
+        first = await ledger.client.call("create_ticket", args, idempotency_key="k-h", context=ACME)
+        assert first.ok
+        api = ledger.client.http_ledger(ACME)  # type: ignore[attr-defined]  # the HTTP binding's
+        view = await api.get_call(first.call_id)
+        assert view is not None and view.get("expired_at") is None, view  # not expired yet
+        await _expired_row(ledger, first.call_id)
+        view = await api.get_call(first.call_id)
+        assert view is not None and view["status"] == "SUCCEEDED", view
+        assert view["expired_at"] is not None and view["idempotency_key"] == "k-h", view
