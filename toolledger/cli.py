@@ -179,9 +179,9 @@ def executor(
         Path | None,
         typer.Option(
             help="Where the local stores of owned partitions live; kept across restarts, a "
-            "restart reads only the state topic's tail (default: <temp dir>/toolledger-state/"
-            "<consumer group>; each store is locked while open, so executors on one host may "
-            "share it)."
+            "restart reads only the state topic's tail (default: <temp dir>/toolledger-state-"
+            "<uid>/<consumer group>, private to the user; each store is locked while open, so "
+            "executors on one host may share it)."
         ),
     ] = None,
     cache_entries: options.CacheEntriesOption = DEFAULT_CACHE_ENTRIES,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import sqlite3
 import tempfile
@@ -327,12 +328,28 @@ class _Owned:
 
 
 def default_state_dir(group: str) -> Path:
-    """Where an executor keeps its local stores unless told: a directory per consumer group
-    under the system's temporary directory (as Kafka Streams' default ``state.dir``), so a
-    restart on the same host reads only the state topic's tail without any setting. Stores
-    are locked while open (:class:`StoreBusy`): executors of a group may share it."""
+    """Where an executor keeps its local stores unless told: a directory per user and
+    consumer group under the system's temporary directory (as Kafka Streams' default
+    ``state.dir``), so a restart on the same host reads only the state topic's tail without
+    any setting. Stores are locked while open (:class:`StoreBusy`): executors of a group may
+    share it. The stores hold call states and results: see :func:`private_state_dir`."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", group)
-    return Path(tempfile.gettempdir()) / "toolledger-state" / safe
+    return Path(tempfile.gettempdir()) / f"toolledger-state-{os.getuid()}" / safe
+
+
+def private_state_dir(path: Path) -> Path:
+    """``path`` made (``0700``) or checked as this user's own and closed to others: a shared
+    temporary directory must not let another user read the stores or plant one."""
+    for directory in (path.parent, path):  # mkdir(parents=True) would not apply the mode
+        directory.mkdir(mode=0o700, exist_ok=True)
+    for directory in (path.parent, path):
+        info = directory.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(
+                f"{directory} is not this user's own private directory (owner uid "
+                f"{info.st_uid}, mode {oct(info.st_mode & 0o777)}): pass --state-dir"
+            )
+    return path
 
 
 class KafkaExecutor:
@@ -371,7 +388,9 @@ class KafkaExecutor:
                 f"({longest:g} s)"
             )
         self.state_dir = (
-            Path(state_dir) if state_dir is not None else default_state_dir(topics.executor_group)
+            Path(state_dir)
+            if state_dir is not None
+            else private_state_dir(default_state_dir(topics.executor_group))
         )
         # stores of partitions whose store in state_dir was open elsewhere (see _open_store)
         self._private_dir: tempfile.TemporaryDirectory[str] | None = None

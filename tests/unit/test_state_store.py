@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import sqlite3
 import tempfile
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,12 @@ from processors.ledger import CallContext, CallState
 from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
 from processors.ports import CommitBatch
 from processors.runtime import state_table
-from processors.runtime.kafka import default_state_dir, meta_headers, meta_of_headers
+from processors.runtime.kafka import (
+    default_state_dir,
+    meta_headers,
+    meta_of_headers,
+    private_state_dir,
+)
 from processors.runtime.local_store import LocalStore, StoreBusy
 from processors.runtime.snapshot import APPROVALS_PREFIX, REFUSED_KEY, SWITCH_PREFIX, topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
@@ -539,6 +545,21 @@ def test_an_executors_stores_are_kept_across_restarts_without_a_flag() -> None:
     # one directory per consumer group, outside any one process's life (a temporary
     # directory of its own would make every restart a full restore)
     assert default_state_dir("toolledger-executor") == (
-        Path(tempfile.gettempdir()) / "toolledger-state" / "toolledger-executor"
+        Path(tempfile.gettempdir()) / f"toolledger-state-{os.getuid()}" / "toolledger-executor"
     )
     assert default_state_dir("a/../b c").name == "a_.._b_c"  # never a path of its own
+
+
+def test_the_default_state_directory_is_this_users_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the stores hold call states and results: never readable by other users of the host
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = private_state_dir(default_state_dir("g"))
+    assert made == tmp_path / f"toolledger-state-{os.getuid()}" / "g"
+    for directory in (made, made.parent):
+        assert directory.stat().st_mode & 0o777 == 0o700
+    assert private_state_dir(made) == made  # as it is on the next start
+    made.chmod(0o755)  # opened to others (or made so by someone else): refused
+    with pytest.raises(PermissionError, match="--state-dir"):
+        private_state_dir(made)
