@@ -22,7 +22,8 @@ from processors.runtime.sqlite_log import SqliteLog
 from processors.tools.group_tools import step_tools
 from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
-from producers.http.governance import PROJECTION_WAIT_S, applied_within
+from producers.http.applied import AppliedWatch
+from producers.http.governance import PROJECTION_WAIT_S
 from projections.groups import SqliteGroupLog
 from schemas.calls import CallQueries
 from schemas.events import ApprovalRequested
@@ -37,6 +38,7 @@ def step_caller(client: Caller, queries: CallQueries | None = None) -> StepCalle
     ``queries``: a projection that lags the ledger (Kafka + PostgreSQL). A step that needs an
     approval is then answered once the projection has its request, as a call's ``428`` is:
     the group shows the request id only when an approver can find it."""
+    applied = None if queries is None else AppliedWatch(queries)  # polled as a front door's
 
     async def call(step: StepCall) -> StepAnswer:
         meta = step.meta
@@ -53,8 +55,8 @@ def step_caller(client: Caller, queries: CallQueries | None = None) -> StepCalle
         approval = None
         if isinstance(result.event, ApprovalRequested):
             approval = result.event.approval_id
-            if queries is not None:
-                await applied_within(queries, result.event.event_id, PROJECTION_WAIT_S)
+            if applied is not None:
+                await applied.within(result.event.event_id, PROJECTION_WAIT_S)
         found = result.result is not None or result.ok
         return StepAnswer(
             result.status,

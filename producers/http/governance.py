@@ -9,9 +9,7 @@ tools off for every tenant. An operator cannot approve a request it made itself.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,7 +18,7 @@ from producers import governance
 from producers.client import TransportError, TrustedContext
 from producers.http.errors import ProblemError, refused
 from producers.http.problems import problem
-from schemas.calls import ANY, CallQueries, effective_switch
+from schemas.calls import ANY, effective_switch
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
     ApprovalDenied,
@@ -122,16 +120,6 @@ async def approval_request(door: FrontDoor, event: ApprovalRequested) -> dict[st
         if view is not None:
             return view.to_json()
     return governance.approval_request_json(event)
-
-
-async def applied_within(queries: CallQueries, event_id: str, timeout_s: float) -> bool:
-    """Whether the projection applies ``event_id`` within ``timeout_s`` (polls)."""
-    deadline = time.monotonic() + timeout_s
-    while not await queries.applied(event_id):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 async def command(door: FrontDoor, record: Command, *, broadcast: bool = False) -> Command | None:

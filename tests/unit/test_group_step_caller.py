@@ -4,7 +4,7 @@ fresh-clone CI run found on Kafka + PostgreSQL: approve answered 404)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -67,9 +67,10 @@ class LaggingProjection:
         self.lag = lag
         self.asked: list[str] = []
 
-    async def applied(self, event_id: str) -> bool:
-        self.asked.append(event_id)
-        return len(self.asked) >= self.lag
+    async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
+        """One lookup of the awaited events (the step caller polls as a front door does)."""
+        self.asked.extend(event_ids)
+        return set(event_ids) if len(self.asked) >= self.lag else set()
 
 
 def step() -> StepCall:
