@@ -165,15 +165,7 @@ def executor(
         str | None, typer.Option(help="Touched once partitions are owned.")
     ] = None,
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
-    intents_retention: Annotated[
-        str,
-        typer.Option(
-            help="How long intents are kept, set when this creates the intents topic (an "
-            "existing topic keeps its config: see `toolledger topics`). They hold the only "
-            "copy of raw arguments: this is the retention of sensitive data (90s, 30m, 24h, "
-            "7d, P7D)."
-        ),
-    ] = "7d",
+    intents_retention: options.TopicIntentsRetentionOption = "7d",
     key_retention: options.KeyRetentionOption = "24h",
     state_dir: Annotated[
         Path | None,
@@ -239,13 +231,7 @@ def topics(
     kafka: KafkaOption = DEFAULT_KAFKA,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
-    intents_retention: Annotated[
-        str,
-        typer.Option(
-            help="How long intents are kept. They hold the only copy of raw arguments: this "
-            "is the retention of sensitive data (90s, 30m, 24h, 7d, P7D)."
-        ),
-    ] = "7d",
+    intents_retention: options.TopicIntentsRetentionOption = "7d",
     outcomes_retention: Annotated[
         str, typer.Option(help="How long outcome events (the audit trail) are kept, or 'forever'.")
     ] = "forever",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,9 +86,6 @@ async def run_projector(
     from projections.postgres import PostgresProjection, migrate
     from projections.projector import KafkaProjector
 
-    async def prune(cutoff: datetime) -> int:
-        return await prune_postgres(postgres, cutoff)
-
     await ensure_topics(bootstrap, topics)
     await migrate(postgres)
     async with PostgresProjection(postgres) as projection:
@@ -97,7 +95,9 @@ async def run_projector(
         if ready_file:
             await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
         try:
-            async with audit_retention_of(prune, audit_retention):
+            async with audit_retention_of(
+                functools.partial(prune_postgres, postgres), audit_retention
+            ):
                 await wait_for_signal()
         finally:
             await projector.stop()

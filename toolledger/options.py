@@ -130,6 +130,14 @@ def key_retention(registry: ToolRegistry, text: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
+TopicIntentsRetentionOption = Annotated[
+    str,
+    typer.Option(
+        help="How long the intents topic keeps intents (`topics` sets it on every run, "
+        "`executor` only when it creates the topic). They hold the only copy of raw arguments: "
+        "this is the retention of sensitive data (90s, 30m, 24h, 7d, P7D).",
+    ),
+]
 AuditRetentionOption = Annotated[
     str,
     typer.Option(

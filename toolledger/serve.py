@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -256,10 +257,7 @@ async def distributed_door(
             front.groups = groups
             front.intents = KafkaIntentLookup(kafka, topics)
 
-            async def prune(cutoff: datetime) -> int:
-                return await prune_postgres(postgres, cutoff)
-
-            async with keep_audit(prune, audit_retention):
+            async with keep_audit(functools.partial(prune_postgres, postgres), audit_retention):
                 yield front
     finally:
         await transport.stop()
