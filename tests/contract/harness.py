@@ -9,7 +9,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from processors.tools.manifest import RetryPolicy
+from pydantic import BaseModel
+
+from processors.tools.manifest import RetryPolicy, Tool, ToolDescription
 from processors.tools.registry import ToolRegistry
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers.client import LedgerClient, TrustedContext
@@ -89,6 +91,29 @@ class Harness(ABC):
 
     async def call_row(self, call_id: str) -> dict[str, Any] | None:
         return next((r for r in await self.call_rows() if r["call_id"] == call_id), None)
+
+
+def register_tool(
+    ledger: Harness,
+    name: str,
+    arguments: type[BaseModel],
+    result: type[BaseModel],
+    handler: Any,
+    **manifest: Any,
+) -> None:
+    """A tool of a test's own, registered while the ledger runs (it reads its registry on
+    every use); ``manifest``: the rest of the :class:`Tool`'s fields."""
+    ledger.registry.register(
+        Tool(
+            name=name,
+            version="1",
+            arguments=arguments,
+            result=result,
+            handler=handler,
+            description=ToolDescription(name, "tests", "never", "none", "replayed"),
+            **manifest,
+        )
+    )
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:

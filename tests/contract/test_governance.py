@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
+from processors.tools.manifest import ToolContext
 from producers import governance
 from producers.client import CallResult, TrustedContext
 from schemas.events import (
@@ -24,7 +24,7 @@ from schemas.events import (
     ToolEnabled,
 )
 from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
-from tests.contract.harness import ACME, GLOBEX, Harness, eventually
+from tests.contract.harness import ACME, GLOBEX, Harness, eventually, register_tool
 
 
 @pytest.fixture(params=IN_PROCESS_BACKENDS)
@@ -240,16 +240,13 @@ def _payout_tool(ledger: Harness, runs: list[int]) -> None:
         runs.append(args.amount)
         return _Paid(run=len(runs))
 
-    ledger.registry.register(
-        Tool(
-            name="payout",
-            version="1",
-            arguments=_Payout,
-            result=_Paid,
-            handler=handler,
-            approval=lambda args: "operator" if args.amount > 1_000 else None,
-            description=ToolDescription("pay", "tests", "always", "one payout", "replayed"),
-        )
+    register_tool(
+        ledger,
+        "payout",
+        _Payout,
+        _Paid,
+        handler,
+        approval=lambda args: "operator" if args.amount > 1_000 else None,
     )
 
 

@@ -14,12 +14,12 @@ import pytest
 from pydantic import BaseModel
 
 from processors.ledger.commands import Found, Inconclusive, ReconcileOutcome
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
+from processors.tools.manifest import ToolContext
 from processors.tools.retention import FOREVER
 from schemas.keys import CallKey
 from schemas.status import CallStatus
 from tests.contract.conftest import open_harness
-from tests.contract.harness import ACME, Harness, eventually
+from tests.contract.harness import ACME, Harness, eventually, register_tool
 
 RETENTION = timedelta(seconds=1)
 
@@ -40,18 +40,7 @@ def _slow_tool(ledger: Harness, runs: list[int]) -> None:
         await asyncio.sleep(args.seconds)
         return Done(ran=len(runs))
 
-    ledger.registry.register(
-        Tool(
-            name="slow_op",
-            version="1",
-            arguments=Slow,
-            result=Done,
-            handler=handler,
-            timeout_s=10,
-            key_retention=RETENTION,
-            description=ToolDescription("op", "tests", "never", "none", "replayed"),
-        )
-    )
+    register_tool(ledger, "slow_op", Slow, Done, handler, timeout_s=10, key_retention=RETENTION)
 
 
 async def _expired_row(ledger: Harness, call_id: str) -> dict[str, Any]:
@@ -155,18 +144,15 @@ def _opaque_tool(ledger: Harness, runs: list[int], known: list[bool]) -> None:
             return Inconclusive("the downstream does not answer yet")
         return Found(result_json='{"ran":1}')
 
-    ledger.registry.register(
-        Tool(
-            name="opaque_op",
-            version="1",
-            arguments=Slow,
-            result=Done,
-            handler=handler,
-            timeout_s=0.3,
-            reconcile=reconcile,
-            key_retention=RETENTION,
-            description=ToolDescription("op", "tests", "never", "none", "replayed"),
-        )
+    register_tool(
+        ledger,
+        "opaque_op",
+        Slow,
+        Done,
+        handler,
+        timeout_s=0.3,
+        reconcile=reconcile,
+        key_retention=RETENTION,
     )
 
 
