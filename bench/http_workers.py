@@ -31,7 +31,7 @@ import secrets
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from bench.http import (
     Checks,
     Phase,
     Server,
+    Verify,
     check_first,
     check_replay,
     connections,
@@ -255,47 +256,18 @@ async def run_workers(
             ) as server,
             connections(args.client, server, args.concurrency) as clients,
         ):
-            pids = (executor, projector)
-            await drive(
-                clients,
-                server,
-                warm,
-                check_first(warm_checks, warm_bodies),
-                progress,
-                task["first warm-up"],
-            )
-            first, first_summary = await measured(
-                server,
-                pids,
-                drive(
-                    clients,
-                    server,
-                    plans,
-                    check_first(first_checks, bodies),
-                    progress,
-                    task["first"],
-                ),
-            )
-            await drive(
-                clients,
-                server,
-                warm,
-                check_replay(warm_checks, warm_bodies),
-                progress,
-                task["replays warm-up"],
-            )
-            replays, replay_summary = await measured(
-                server,
-                pids,
-                drive(
-                    clients,
-                    server,
-                    plans,
-                    check_replay(replay_checks, bodies),
-                    progress,
-                    task["replays"],
-                ),
-            )
+
+            async def phase(
+                name: str, check: Callable[[Checks, list[bytes]], Verify], checks: Checks
+            ) -> tuple[Phase, dict[str, Any]]:
+                """The warm-up keys, untimed, then the measured keys, both checked."""
+                warm_check = check(warm_checks, warm_bodies)
+                await drive(clients, server, warm, warm_check, progress, task[f"{name} warm-up"])
+                timed = drive(clients, server, plans, check(checks, bodies), progress, task[name])
+                return await measured(server, (executor, projector), timed)
+
+            first, first_summary = await phase("first", check_first, first_checks)
+            replays, replay_summary = await phase("replays", check_replay, replay_checks)
             counts = await projection_counts(dsn, len(plans) + len(warm))
     finally:
         with contextlib.suppress(Exception):
