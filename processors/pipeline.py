@@ -274,7 +274,6 @@ class Stages:
         return Gate(
             disabled=disabled,
             approval=ApprovalGate(
-                book=port.approvals(ctx.call_key),
                 # the client sends the token's digest: the raw token is never in the log
                 token_digest=intent.approval_token,
                 executor_now=self.clock.now(),
@@ -431,15 +430,13 @@ class Stages:
         """A finished key whose retention may have passed: the core decides, by this
         executor's clock; the expiry is recorded on the log, so every replay agrees."""
         with tracing.traced_run("expire", port, None) as run:
-            state = run.state(call_key)
-            tool = self.registry.get(state.context.tool) if state else None
-            if state is None or tool is None:
+            state, book = run.state(call_key), run.approvals(call_key)
+            # a key with a call, or one that only had approval requests
+            context = state.context if state is not None else book.context if book else None
+            tool = self.registry.get(context.tool) if context is not None else None
+            if tool is None:
                 return
-            expire = Expire(
-                policy=self.registry.policy(tool),
-                now=self.clock.now(),
-                approvals=run.approvals(call_key),
-            )
+            expire = Expire(policy=self.registry.policy(tool), now=self.clock.now(), approvals=book)
             await run.commit(tracing.traced_decide(state, expire).events, final=True)
 
     async def _drive(

@@ -156,10 +156,11 @@ class ToolCallReplayed(Event):
 
 
 class ToolCallKeyExpired(Event):
-    """A finished call's key passed its retention: its state is forgotten (see the .avsc)."""
+    """A settled key passed its retention: its state and approval book are forgotten (see
+    the .avsc). ``status`` is None for a key that only had approval requests."""
 
     TYPE: ClassVar[str] = "ToolCallKeyExpired"
-    status: CallStatus
+    status: CallStatus | None = None
     last_event_at: datetime
     retention_s: int
 

@@ -27,7 +27,6 @@ class Policy:
 class ApprovalGate:
     """The tool's approval rule applies to these arguments."""
 
-    book: ApprovalBook | None  # the call key's approval requests so far
     token_digest: str | None  # of the token the call presented, if any
     new_approval_id: str  # for a request this intent would open (derived from its id)
     impact_json: str
@@ -53,8 +52,9 @@ class Submit:
     now: datetime
     epoch: int
     gate: Gate = field(default_factory=Gate)
-    # the key's approval book, whether or not this call needs an approval: an approval still
-    # open for the key (another call's) keeps the key from expiring
+    # the key's approval book, whether or not this call needs an approval: what an approval
+    # gate decides by, and an approval still open for the key (another call's) keeps the key
+    # from expiring
     approvals: ApprovalBook | None = None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from processors.ledger.commands import (
@@ -148,10 +148,24 @@ def settled_at(state: CallState) -> datetime | None:
     return None if state.status in _UNRESOLVED else state.updated_at
 
 
-def expires_at(state: CallState, policy: Policy) -> datetime | None:
-    """When a call's key expires: :func:`settled_at` plus the tool's key retention. ``None``
-    while the call is unresolved or when the tool keeps keys forever."""
-    settled = settled_at(state)
+def key_settled_at(state: CallState | None, book: ApprovalBook | None) -> datetime | None:
+    """When a key's retention starts: the later of its call's :func:`settled_at` and its
+    approval book's (a request decided or lapsed after the call keeps the key that long).
+    ``None`` while the call is unresolved, or for a key with neither (nor a book stored
+    before books had their times)."""
+    call = None if state is None else settled_at(state)
+    if state is not None and call is None:
+        return None
+    approvals = None if book is None or not book.items else book.settled_at()
+    return max((t for t in (call, approvals) if t is not None), default=None)
+
+
+def expires_at(
+    state: CallState | None, policy: Policy, book: ApprovalBook | None = None
+) -> datetime | None:
+    """When a key expires: :func:`key_settled_at` plus the tool's key retention. ``None``
+    while it is unresolved or when the tool keeps keys forever."""
+    settled = key_settled_at(state, book)
     if policy.key_retention_s is None or settled is None:
         return None
     return settled + timedelta(seconds=policy.key_retention_s)
@@ -161,51 +175,64 @@ _UNRESOLVED = (CallStatus.PENDING, CallStatus.UNKNOWN)
 
 
 def _expired(
-    state: CallState, policy: Policy, now: datetime, book: ApprovalBook | None, intent_id: str
+    state: CallState | None,
+    policy: Policy,
+    now: datetime,
+    book: ApprovalBook | None,
+    intent_id: str | None = None,
 ) -> ToolCallKeyExpired | None:
     """The expiry of the key at ``now`` (log time), or None: at ``expires_at`` exactly it has
-    expired. An approval still to be decided or used for the key keeps it."""
-    due = expires_at(state, policy)
+    expired. An approval still to be decided or used keeps it (a book without its times says
+    so only through ``open_at``). Recorded under ``intent_id`` (a call's), or under one
+    derived from the key's last event when the executor finds it due."""
+    due = expires_at(state, policy, book)
     if due is None or now < due or (book is not None and book.open_at(now)):
         return None
     assert policy.key_retention_s is not None
-    ctx = state.context.model_copy(update={"intent_id": intent_id})
+    if state is not None:
+        context, last_event_id = state.context, state.last_event_id
+    else:  # a book with a due has its times, and so its context
+        assert book is not None and book.context is not None and book.last_event_id is not None
+        context, last_event_id = book.context, book.last_event_id
+    intent_id = intent_id or expiry_intent_id(context.call_key, last_event_id)
+    ctx = context.model_copy(update={"intent_id": intent_id})
     return ToolCallKeyExpired(
         envelope=ctx.envelope(f"{intent_id}/expired/1", now),
-        status=state.status,
-        last_event_at=state.updated_at,
+        status=None if state is None else state.status,
+        last_event_at=due - timedelta(seconds=policy.key_retention_s),
         retention_s=policy.key_retention_s,
     )
 
 
-def expiry_intent_id(state: CallState) -> str:
+def expiry_intent_id(call_key: str, last_event_id: str) -> str:
     """The id an expiry found by the executor (not by a call) is recorded under: derived from
-    the key and its last event, so deciding it again gives the same event."""
-    raw = f"{state.context.call_key}\x1f{state.last_event_id}".encode()
+    the key and its call's (else its book's) last event, so deciding it again gives the same
+    event."""
+    raw = f"{call_key}\x1f{last_event_id}".encode()
     return "exp_" + hashlib.sha256(raw).hexdigest()[:32]
 
 
 def _expire(state: CallState | None, cmd: Expire) -> Decision:
-    if state is None:
-        return Decision()
-    expired = _expired(state, cmd.policy, cmd.now, cmd.approvals, expiry_intent_id(state))
+    expired = _expired(state, cmd.policy, cmd.now, cmd.approvals)
     return Decision(() if expired is None else (expired,))
 
 
 def _submit(state: CallState | None, cmd: Submit) -> Decision:
     ctx, now = cmd.context, cmd.now
-    if state is not None:
-        expired = _expired(state, cmd.policy, now, cmd.approvals, ctx.intent_id)
-        if expired is not None:  # the key is new again: decided as a first call, after it
-            first = _submit(None, cmd)
-            return Decision((expired, *first.events), first.action)
+    expired = _expired(state, cmd.policy, now, cmd.approvals, ctx.intent_id)
+    if expired is not None:  # the key is new again: decided as a first call without its
+        # past (an old denial or request of the key is forgotten with it), after the expiry
+        first = _submit(None, replace(cmd, approvals=None))
+        return Decision((expired, *first.events), first.action)
     if state is None:
         # Past the idempotency decision: the kill switch, then the approval, then Started.
         if cmd.gate.disabled is not None:
             return Decision((_rejected(ctx, now, cmd.gate.disabled),))
         consumed: tuple[Event, ...] = ()
         if cmd.gate.approval is not None:
-            checked = _check_approval(cmd.gate.approval, ctx, now, cmd.arguments_redacted_json)
+            checked = _check_approval(
+                cmd.gate.approval, cmd.approvals, ctx, now, cmd.arguments_redacted_json
+            )
             if isinstance(checked, Decision):
                 return checked
             consumed = (checked,)
@@ -499,10 +526,11 @@ def _approval_invalid(ctx: CallContext, now: datetime, message: str) -> Decision
 
 
 def _check_approval(
-    gate: ApprovalGate, ctx: CallContext, now: datetime, redacted: str
+    gate: ApprovalGate, book: ApprovalBook | None, ctx: CallContext, now: datetime, redacted: str
 ) -> Decision | ApprovalConsumed:
-    """The call may start (the token's consumption) or the refusal that answers it."""
-    book = gate.book or ApprovalBook()
+    """The call may start (the token's consumption) or the refusal that answers it, by the
+    key's approval ``book``."""
+    book = book or ApprovalBook()
     if gate.token_digest is None:
         latest = book.latest_for(ctx.args_digest)
         if latest is not None and latest.status is ApprovalStatus.DENIED:

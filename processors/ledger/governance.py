@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from processors.ledger.state import CallContext
 from schemas.calls import switch_scopes
 from schemas.events import (
     ApprovalConsumed,
@@ -51,11 +52,32 @@ class ApprovalBook(BaseModel):
     """The approval requests made for one call key, oldest first: what decisions need (ids,
     digests, states, expiries), never arguments, so a book stays small. At most
     ``MAX_OPEN_REQUESTS`` pending ones are kept; a request past its expiry is dropped when
-    the next one is opened (it can no longer be decided)."""
+    the next one is opened (it can no longer be decided).
+
+    ``context``, ``updated_at`` and ``last_event_id`` are those of the book's latest event:
+    a key that only ever had approval requests expires by them (its expiry event needs the
+    key's context, and its retention counts from when the book settled). A book stored
+    before they existed has them None and never expires on its own."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     items: tuple[Approval, ...] = ()
+    context: CallContext | None = None
+    updated_at: datetime | None = None
+    last_event_id: str | None = None
+
+    def settled_at(self) -> datetime | None:
+        """When no request of the book can be decided or used any more, by log time: its
+        latest event, or the later expiry of a request still pending or approved and unused
+        (until then the book is open at some times). None for a book without its times."""
+        if self.updated_at is None:
+            return None
+        lapses = [
+            a.expires_at
+            for a in self.items
+            if a.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)
+        ]
+        return max([self.updated_at, *lapses])
 
     def get(self, approval_id: str) -> Approval | None:
         return next((a for a in self.items if a.approval_id == approval_id), None)
@@ -75,11 +97,23 @@ class ApprovalBook(BaseModel):
         return next((a for a in reversed(self.items) if a.args_digest == args_digest), None)
 
     def _with(self, approval_id: str, **update: object) -> ApprovalBook:
-        return ApprovalBook(
-            items=tuple(
-                a.model_copy(update=update) if a.approval_id == approval_id else a
-                for a in self.items
-            )
+        return self.model_copy(
+            update={
+                "items": tuple(
+                    a.model_copy(update=update) if a.approval_id == approval_id else a
+                    for a in self.items
+                )
+            }
+        )
+
+    def _after(self, event: Event) -> ApprovalBook:
+        env = event.envelope
+        return self.model_copy(
+            update={
+                "context": CallContext.of(env),
+                "updated_at": env.occurred_at,
+                "last_event_id": env.event_id,
+            }
         )
 
 
@@ -88,7 +122,12 @@ APPROVAL_EVENTS = (ApprovalRequested, ApprovalGranted, ApprovalDenied, ApprovalC
 
 def evolve_approvals(book: ApprovalBook | None, event: Event) -> ApprovalBook | None:
     """The book after ``event``; None when the event is not about approvals."""
-    book = book or ApprovalBook()
+    if not isinstance(event, APPROVAL_EVENTS):
+        return None
+    return _evolve_items(book or ApprovalBook(), event)._after(event)
+
+
+def _evolve_items(book: ApprovalBook, event: Event) -> ApprovalBook:
     if isinstance(event, ApprovalRequested):
         if book.get(event.approval_id) is not None:
             return book  # asked again while pending: the first request stands
@@ -110,7 +149,7 @@ def evolve_approvals(book: ApprovalBook | None, event: Event) -> ApprovalBook | 
         pending = [a for a in kept if a.status is ApprovalStatus.PENDING]
         for oldest in pending[: max(0, len(pending) - MAX_OPEN_REQUESTS + 1)]:
             kept.remove(oldest)
-        return ApprovalBook(items=(*kept, approval))
+        return book.model_copy(update={"items": (*kept, approval)})
     if isinstance(event, ApprovalGranted):
         return book._with(
             event.approval_id,
@@ -120,9 +159,8 @@ def evolve_approvals(book: ApprovalBook | None, event: Event) -> ApprovalBook | 
         )
     if isinstance(event, ApprovalDenied):
         return book._with(event.approval_id, status=ApprovalStatus.DENIED, reason=event.reason)
-    if isinstance(event, ApprovalConsumed):
-        return book._with(event.approval_id, status=ApprovalStatus.CONSUMED)
-    return None
+    assert isinstance(event, ApprovalConsumed)
+    return book._with(event.approval_id, status=ApprovalStatus.CONSUMED)
 
 
 class Switch(BaseModel):

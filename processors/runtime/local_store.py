@@ -248,7 +248,8 @@ class ColdLoad:
             self._conn.execute(_META)
             self._conn.execute(state_table.BULK_TABLE)
             self._conn.execute(
-                "CREATE TEMP TABLE restore_books (call_key TEXT NOT NULL, book_json TEXT)"
+                "CREATE TEMP TABLE restore_books "
+                "(call_key TEXT NOT NULL, tool TEXT, settled_at REAL, book_json TEXT)"
             )
             state_table.create(self._conn)  # the rest: executor_state (indexes: in finish)
         except BaseException:
@@ -264,7 +265,7 @@ class ColdLoad:
             _insert_many(
                 conn, "INSERT INTO call_state VALUES ", "(?, ?, ?, ?, ?, NULL)", rows.states
             )
-            conn.executemany("INSERT INTO restore_books VALUES (?, ?)", rows.books)
+            conn.executemany("INSERT INTO restore_books VALUES (?, ?, ?, ?)", rows.books)
             # the last pair of each (a handful): written in place, not appended
             state_table.put_governance(conn, self._partition, dict(rows.governance).items())
 
@@ -283,9 +284,10 @@ class ColdLoad:
             if self._tombstones:  # (a scan of the whole table)
                 conn.execute("DELETE FROM call_state WHERE state_json IS NULL")
             conn.execute(
-                "INSERT INTO call_state (call_key, partition, book_json) "
-                "SELECT call_key, ?, book_json FROM restore_books WHERE rowid IN "
-                "(SELECT MAX(rowid) FROM restore_books GROUP BY call_key) "
+                # a key's state, where it has one, is what its row is due by
+                "INSERT INTO call_state (call_key, partition, tool, settled_at, book_json) "
+                "SELECT call_key, ?, tool, settled_at, book_json FROM restore_books "
+                "WHERE rowid IN (SELECT MAX(rowid) FROM restore_books GROUP BY call_key) "
                 "AND book_json IS NOT NULL "
                 "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json",
                 (self._partition,),

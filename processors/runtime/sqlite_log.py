@@ -282,11 +282,7 @@ class SqliteLog:
                 by_partition.setdefault(partition, {})[key] = state_table.stored_state(stored)
             for partition, states in by_partition.items():
                 self.projection.put_states(conn, partition, states)
-            conn.executemany(
-                "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
-                "WHERE call_key = ?",
-                [(key,) for _, key, _, _ in rows],
-            )
+            state_table.clear_states(conn, [key for _, key, _, _ in rows])
         conn.execute("DELETE FROM call_state WHERE state_json IS NULL AND book_json IS NULL")
 
     def _init_meta(self, partitions: int) -> int:

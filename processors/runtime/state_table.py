@@ -8,8 +8,9 @@ keeps them in a local store per owned partition, a cache of the compacted state 
 A row carries what the executor asks of the store without reading the state itself:
 
 * ``tool`` and ``settled_at`` (epoch seconds of the state's last change, NULL while the call
-  is PENDING or UNKNOWN): which keys' retention may have passed, asked per tool with the
-  tool's *current* retention, so a changed retention applies to every stored key;
+  is PENDING or UNKNOWN; for a row with a book and no state, when the book settled): which
+  keys' retention may have passed, asked per tool with the tool's *current* retention, so a
+  changed retention applies to every stored key (the core decides with the whole entry);
 * ``settled_at IS NULL AND state_json IS NOT NULL``: the unresolved keys, loaded at start
   (they are few: running or in doubt) and never evicted from the executor's cache.
 """
@@ -146,9 +147,18 @@ class Reader:
         after: tuple[float, str] | None,
         limit: int,
     ) -> list[tuple[float, str]]:
-        """:meth:`CallStates.due`, as of the last commit."""
+        """:meth:`CallStates.due` and the keys that only have a book due, as of the last
+        commit, merged in order (a page of at most ``limit``; the cursor of both)."""
         with self._connection() as conn:
-            return self._states.due(conn, partition, tool, settled_before, after, limit)
+            conn.execute("BEGIN")
+            try:
+                states = self._states.due(conn, partition, tool, settled_before, after, limit)
+                books = _due_rows(
+                    conn, "state_json IS NULL", partition, tool, settled_before, after, limit
+                )
+            finally:
+                conn.execute("COMMIT")
+        return sorted([*states, *books])[:limit]
 
     def close(self) -> None:
         with self._lock:
@@ -210,8 +220,13 @@ def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, states: bool = Tr
     if states:
         for key, state in batch.states.items():
             _upsert_state(conn, key, p, state.model_dump_json(), state)
-    for key, book in batch.approvals.items():
-        _upsert_book(conn, key, p, book.model_dump_json())
+    conn.executemany(
+        _UPSERT_BOOK,
+        [
+            (key, p, *book_meta(book), book.model_dump_json())
+            for key, book in batch.approvals.items()
+        ],
+    )
     put_governance(conn, p, switch_pairs(batch))
 
 
@@ -223,6 +238,14 @@ def state_meta(state: CallState) -> StateMeta:
     return state.context.tool, None if settled is None else settled.timestamp()
 
 
+def book_meta(book: ApprovalBook) -> tuple[str | None, float | None]:
+    """A book's row fields, used while its key has no state: a key that only had approval
+    requests is due by when its book settled (unknown for a book stored without its times)."""
+    settled = book.settled_at()
+    tool = None if book.context is None else book.context.tool
+    return tool, None if settled is None else settled.timestamp()
+
+
 @dataclass(slots=True)
 class PairRows:
     """Pairs of the state topic as rows of the tables: the last pair of each key only (it
@@ -231,7 +254,9 @@ class PairRows:
     states: list[tuple[str, int, str | None, float | None, str | None]] = field(
         default_factory=list
     )  # (call key, partition, tool, settled_at, state JSON)
-    books: list[tuple[str, str | None]] = field(default_factory=list)  # (call key, book JSON)
+    books: list[tuple[str, str | None, float | None, str | None]] = field(
+        default_factory=list
+    )  # (call key, tool, settled_at, book JSON): book_meta's fields
     governance: list[tuple[str, str | None]] = field(default_factory=list)  # (key, JSON)
 
 
@@ -255,7 +280,10 @@ def pair_rows(
     for key, value, meta in pairs:
         text = None if value is None else value.decode("utf-8")
         if key.startswith(APPROVALS_PREFIX):
-            books.append((key.removeprefix(APPROVALS_PREFIX), text))
+            of_book = (
+                (None, None) if text is None else book_meta(ApprovalBook.model_validate_json(text))
+            )
+            books.append((key.removeprefix(APPROVALS_PREFIX), *of_book, text))
         elif key.startswith(SWITCH_PREFIX) or key == REFUSED_KEY:
             governance.append((key, text))
         elif text is None:
@@ -275,25 +303,41 @@ def put_pairs(
     state's row fields when the record carried them (else they are read from its JSON).
 
     A call key's state and its book are separate columns, so the pairs are written in bulk:
-    upserts, then tombstones, then the rows left empty are dropped."""
+    tombstones, the rows left empty dropped, then upserts (a key's last pair of each column
+    is one or the other; a book written after its key's state was cleared is due by itself)."""
     rows = pair_rows(pairs, partition)
     cleared_states = [(key,) for key, _, _, _, text in rows.states if text is None]
-    cleared_books = [(key,) for key, text in rows.books if text is None]
-    conn.executemany(_UPSERT_STATE, [row for row in rows.states if row[4] is not None])
-    conn.executemany(
-        _UPSERT_BOOK, [(key, partition, text) for key, text in rows.books if text is not None]
-    )
-    put_governance(conn, partition, rows.governance)
-    conn.executemany(
-        "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
-        "WHERE call_key = ?",
-        cleared_states,
-    )
+    cleared_books = [(key,) for key, _, _, text in rows.books if text is None]
+    clear_states(conn, [key for (key,) in cleared_states])
     conn.executemany("UPDATE call_state SET book_json = NULL WHERE call_key = ?", cleared_books)
     conn.executemany(
         "DELETE FROM call_state WHERE call_key = ? AND state_json IS NULL AND book_json IS NULL",
         cleared_states + cleared_books,
     )
+    conn.executemany(_UPSERT_STATE, [row for row in rows.states if row[4] is not None])
+    conn.executemany(
+        _UPSERT_BOOK,
+        [(key, partition, *meta, text) for key, *meta, text in rows.books if text is not None],
+    )
+    put_governance(conn, partition, rows.governance)
+
+
+def clear_states(conn: sqlite3.Connection, keys: Sequence[str]) -> None:
+    """Drop the states of ``keys`` from their rows; a book left in a row is then due by
+    itself (its row fields set as a book's write sets them)."""
+    for key in keys:
+        conn.execute(
+            "UPDATE call_state SET state_json = NULL, tool = NULL, settled_at = NULL "
+            "WHERE call_key = ?",
+            (key,),
+        )
+        row = conn.execute(
+            "SELECT partition, book_json FROM call_state WHERE call_key = ? "
+            "AND book_json IS NOT NULL",
+            (key,),
+        ).fetchone()
+        if row is not None:
+            _upsert_book(conn, key, row[0], row[1])
 
 
 def _meta_of_json(state_json: str) -> StateMeta:
@@ -309,9 +353,14 @@ _UPSERT_STATE = (
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (call_key) DO UPDATE SET tool = excluded.tool, "
     "settled_at = excluded.settled_at, state_json = excluded.state_json"
 )
+# a book's tool and settled_at fill its row's only while the key has no state (a state's
+# own are what its row is due by; the core then decides with the book too)
 _UPSERT_BOOK = (
-    "INSERT INTO call_state (call_key, partition, book_json) VALUES (?, ?, ?) "
-    "ON CONFLICT (call_key) DO UPDATE SET book_json = excluded.book_json"
+    "INSERT INTO call_state (call_key, partition, tool, settled_at, book_json) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (call_key) DO UPDATE SET "
+    "book_json = excluded.book_json, "
+    "tool = CASE WHEN state_json IS NULL THEN excluded.tool ELSE tool END, "
+    "settled_at = CASE WHEN state_json IS NULL THEN excluded.settled_at ELSE settled_at END"
 )
 
 
@@ -322,7 +371,8 @@ def _upsert_state(
 
 
 def _upsert_book(conn: sqlite3.Connection, key: str, partition: int, book_json: str) -> None:
-    conn.execute(_UPSERT_BOOK, (key, partition, book_json))
+    book = ApprovalBook.model_validate_json(book_json)
+    conn.execute(_UPSERT_BOOK, (key, partition, *book_meta(book), book_json))
 
 
 def put_governance(
@@ -418,21 +468,34 @@ class _InCallState:
         after: tuple[float, str] | None,
         limit: int,
     ) -> list[tuple[float, str]]:
-        if after is None:
-            rows = conn.execute(
-                "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
-                "AND settled_at IS NOT NULL AND settled_at <= ? ORDER BY settled_at, call_key "
-                "LIMIT ?",
-                (partition, tool, settled_before, limit),
-            )
-        else:
-            rows = conn.execute(
-                "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
-                "AND settled_at IS NOT NULL AND settled_at <= ? "
-                "AND (settled_at, call_key) > (?, ?) ORDER BY settled_at, call_key LIMIT ?",
-                (partition, tool, settled_before, *after, limit),
-            )
-        return [(float(s), str(k)) for s, k in rows]
+        return _due_rows(
+            conn, "state_json IS NOT NULL", partition, tool, settled_before, after, limit
+        )
+
+
+def _due_rows(
+    conn: sqlite3.Connection,
+    which: str,
+    partition: int,
+    tool: str,
+    settled_before: float,
+    after: tuple[float, str] | None,
+    limit: int,
+) -> list[tuple[float, str]]:
+    """Rows of ``tool`` settled at or before ``settled_before``, oldest first, after the
+    cursor ``after``: those with a state (``which``: ``state_json IS NOT NULL``), or those
+    whose key has only a book here (``state_json IS NULL``; in an embedded file every book
+    row, its states being in the read model)."""
+    cursor, params = "", [partition, tool, settled_before]
+    if after is not None:
+        cursor, params = "AND (settled_at, call_key) > (?, ?) ", [*params, *after]
+    rows = conn.execute(
+        "SELECT settled_at, call_key FROM call_state WHERE partition = ? AND tool = ? "
+        f"AND settled_at IS NOT NULL AND settled_at <= ? AND {which} "
+        f"{cursor}ORDER BY settled_at, call_key LIMIT ?",
+        [*params, limit],
+    )
+    return [(float(s), str(k)) for s, k in rows]
 
 
 IN_CALL_STATE: CallStates = _InCallState()

@@ -283,3 +283,43 @@ async def test_an_open_approval_keeps_its_key_from_expiring(ledger: Harness) -> 
 
     await eventually(runs_as_new)
     assert runs == [10, 10]
+
+
+async def test_a_key_that_only_had_approval_requests_expires(ledger: Harness) -> None:
+    """A key under which no call ran, only an approval request: while the request waits, the
+    key is kept (asked again, the same request answers). Once an operator denied it, the key
+    settles, and after its retention the executor expires it on its own, recorded on the log:
+    the denial is forgotten, and the same call asks for a new approval. Nothing ran."""
+    runs: list[int] = []
+    _payout_tool(ledger, runs)
+    ledger.registry.set_default_key_retention(timedelta(seconds=1))
+
+    async def pay() -> CallResult:
+        return await ledger.client.call(
+            "payout", {"amount": 5_000}, idempotency_key="pay-ask", context=ACME
+        )
+
+    async def expiries() -> list[dict[str, object]]:
+        rows = await ledger.event_rows()
+        return [r for r in rows if r["event_type"] == "ToolCallKeyExpired"]
+
+    asked = await pay()
+    first = _request(asked)
+    await asyncio.sleep(2.5)  # past the retention, twice over the executor's sweep
+    assert _request(await pay()).approval_id == first.approval_id  # kept while it waits
+    assert await expiries() == []
+
+    record = governance.deny(_target(first), "op@acme", "not today", datetime.now(UTC))
+    assert isinstance(await ledger.client.command(record), ApprovalDenied)
+
+    async def expired_by_the_executor() -> bool:
+        return len(await expiries()) == 1
+
+    await eventually(expired_by_the_executor)  # no call asked: the executor's sweep did
+    (expiry,) = await expiries()
+    assert (expiry["call_id"], expiry["idempotency_key"]) == (asked.call_id, "pay-ask"), expiry
+
+    again = _request(await pay())  # asked again: a new request, the denial forgotten
+    assert again.approval_id != first.approval_id
+    assert runs == []
+    assert len(await expiries()) == 1

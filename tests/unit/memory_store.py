@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from processors.ledger import CallState
 from processors.ledger.governance import ApprovalBook, Switch
 from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.state_table import settled_at
+from processors.runtime.state_table import book_meta, settled_at
 from schemas.events import Event
 from schemas.status import CallStatus
 
@@ -55,12 +55,17 @@ class MemoryStore:
     async def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
+        by_state = (
+            (state.context.tool, settled_at(state.status.value, state.updated_at), key)
+            for key, state in self.states.items()
+        )
+        by_book = (  # keys that only had approval requests
+            (*book_meta(book), key) for key, book in self.books.items() if key not in self.states
+        )
         settled = sorted(
             (at, key)
-            for key, state in self.states.items()
-            if state.context.tool == tool
-            and (at := settled_at(state.status.value, state.updated_at)) is not None
-            and at <= settled_before
+            for of, at, key in (*by_state, *by_book)
+            if of == tool and at is not None and at <= settled_before
         )
         return [item for item in settled if after is None or item > after][:limit]
 

@@ -118,7 +118,11 @@ def book(*events: Event) -> ApprovalBook | None:
 
 
 def submit(
-    gate: Gate, *, digest: str = DIGEST, now: datetime = T0 + timedelta(minutes=1)
+    gate: Gate,
+    history: ApprovalBook | None = None,
+    *,
+    digest: str = DIGEST,
+    now: datetime = T0 + timedelta(minutes=1),
 ) -> Submit:
     return Submit(
         context=ctx("i1", digest),
@@ -127,19 +131,21 @@ def submit(
         now=now,
         epoch=1,
         gate=gate,
+        approvals=history,
     )
 
 
-def approval(history: ApprovalBook | None, token: str | None = None) -> Gate:
-    return Gate(
-        approval=ApprovalGate(
-            book=history,
-            token_digest=token_digest(token) if token else None,
-            new_approval_id="apr_new",
-            impact_json='{"summary":"charge"}',
-            request_ttl=timedelta(hours=1),
-        )
+def approval(
+    history: ApprovalBook | None, token: str | None = None
+) -> tuple[Gate, ApprovalBook | None]:
+    """The approval gate of a call, and the key's book it is decided by."""
+    gate = ApprovalGate(
+        token_digest=token_digest(token) if token else None,
+        new_approval_id="apr_new",
+        impact_json='{"summary":"charge"}',
+        request_ttl=timedelta(hours=1),
     )
+    return Gate(approval=gate), history
 
 
 def _code(event: Event) -> str:
@@ -152,7 +158,7 @@ def _rejection(event: Event) -> ErrorInfo:
 
 
 def test_no_token_opens_a_request_and_starts_nothing() -> None:
-    decision = decide(None, submit(approval(None)))
+    decision = decide(None, submit(*approval(None)))
     assert decision.action is None
     (event,) = decision.events
     assert isinstance(event, ApprovalRequested)
@@ -162,14 +168,14 @@ def test_no_token_opens_a_request_and_starts_nothing() -> None:
 
 
 def test_asking_again_while_pending_answers_with_the_open_request() -> None:
-    (event,) = decide(None, submit(approval(book(requested())))).events
+    (event,) = decide(None, submit(*approval(book(requested())))).events
     assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_1"
 
 
 def test_a_grant_in_the_book_lets_the_same_arguments_go_ahead_without_a_token() -> None:
     # given a granted request, when the same key and arguments come again without a token,
     # then the grant is consumed with the Started event, in one decision
-    decision = decide(None, submit(approval(book(requested(), granted()))))
+    decision = decide(None, submit(*approval(book(requested(), granted()))))
     consumed_event, started = decision.events
     assert isinstance(consumed_event, ApprovalConsumed) and consumed_event.approval_id == "apr_1"
     assert isinstance(started, ToolCallStarted)
@@ -191,7 +197,7 @@ def test_a_grant_covers_its_arguments_once_and_until_it_expires(
     # its expiry, and once consumed it is spent
     events = {"req": requested(), "grant": granted(), "consumed": consumed()}
     gate = approval(book(*(events[h] for h in history)))
-    decision = decide(None, submit(gate, digest=digest, now=T0 + timedelta(minutes=minutes)))
+    decision = decide(None, submit(*gate, digest=digest, now=T0 + timedelta(minutes=minutes)))
     (event,) = decision.events
     assert decision.action is None, name
     assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_new", name
@@ -199,14 +205,14 @@ def test_a_grant_covers_its_arguments_once_and_until_it_expires(
 
 def test_an_expired_request_or_other_arguments_open_a_new_one() -> None:
     late = T0 + timedelta(hours=2)
-    (event,) = decide(None, submit(approval(book(requested())), now=late)).events
+    (event,) = decide(None, submit(*approval(book(requested())), now=late)).events
     assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_new"
-    (event,) = decide(None, submit(approval(book(requested())), digest=OTHER)).events
+    (event,) = decide(None, submit(*approval(book(requested())), digest=OTHER)).events
     assert isinstance(event, ApprovalRequested) and event.approval_id == "apr_new"
 
 
 def test_a_valid_token_is_consumed_with_the_started_event_in_one_decision() -> None:
-    decision = decide(None, submit(approval(book(requested(), granted()), TOKEN)))
+    decision = decide(None, submit(*approval(book(requested(), granted()), TOKEN)))
     consumed_event, started = decision.events
     assert isinstance(consumed_event, ApprovalConsumed) and consumed_event.approval_id == "apr_1"
     assert isinstance(started, ToolCallStarted)
@@ -232,21 +238,22 @@ def test_a_bad_token_is_refused_and_starts_nothing(
 ) -> None:
     events = {"req": requested(), "grant": granted(), "consumed": consumed(), "deny": denied()}
     gate = approval(book(*(events[h] for h in history)), token)
-    decision = decide(None, submit(gate, digest=digest, now=T0 + timedelta(minutes=now)))
+    decision = decide(None, submit(*gate, digest=digest, now=T0 + timedelta(minutes=now)))
     (event,) = decision.events
     assert decision.action is None
     assert _code(event) == ErrorCode.APPROVAL_INVALID and message in _rejection(event).message, name
 
 
 def test_a_denied_call_without_a_token_is_refused_with_the_reason() -> None:
-    (event,) = decide(None, submit(approval(book(requested(), denied())))).events
+    (event,) = decide(None, submit(*approval(book(requested(), denied())))).events
     assert _code(event) == ErrorCode.APPROVAL_INVALID and "no" in _rejection(event).message
     assert not _rejection(event).retryable
 
 
 def test_the_switch_is_checked_before_the_approval() -> None:
-    gate = Gate(disabled=OFF, approval=approval(book(requested(), granted()), TOKEN).approval)
-    (event,) = decide(None, submit(gate)).events
+    gated, history = approval(book(requested(), granted()), TOKEN)
+    gate = Gate(disabled=OFF, approval=gated.approval)
+    (event,) = decide(None, submit(gate, history)).events
     assert _code(event) == ErrorCode.TOOL_DISABLED  # the token is not consumed
 
 
@@ -279,7 +286,7 @@ def _failed_once(disposition: FailureDisposition) -> CallState | None:
 
 def test_a_replay_needs_neither_approval_nor_an_enabled_switch() -> None:
     state = _failed_once(FailureDisposition.FINAL)
-    gate = Gate(disabled=OFF, approval=approval(None).approval)
+    gate = Gate(disabled=OFF, approval=approval(None)[0].approval)
     (event,) = decide(state, submit(gate)).events
     assert event.TYPE == "ToolCallReplayed"
 
@@ -290,7 +297,7 @@ def test_no_new_round_starts_while_switched_off() -> None:
     (event,) = decide(state, submit(Gate(disabled=OFF))).events
     assert _code(event) == ErrorCode.TOOL_DISABLED
     # a later round of an approved call needs no second approval
-    decision = decide(state, submit(approval(None)))
+    decision = decide(state, submit(*approval(None)))
     assert isinstance(decision.events[0], ToolCallStarted)
     # reconcile said "not happened" while off: recorded, then refused, nothing runs
     unknown_state = state.model_copy(update={"status": CallStatus.UNKNOWN})

@@ -17,6 +17,7 @@ import pytest
 
 from processors.ledger import (
     Action,
+    ApprovalGate,
     AttemptFinished,
     AttemptOutcome,
     CallContext,
@@ -28,6 +29,7 @@ from processors.ledger import (
     Failure,
     Found,
     FoundFailed,
+    Gate,
     Inconclusive,
     InvariantViolation,
     JobAccepted,
@@ -57,10 +59,18 @@ from processors.ledger import (
 )
 from processors.ledger.decide import expiry_intent_id
 from processors.ledger.evolve import NOT_HAPPENED_ERROR
-from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus
+from processors.ledger.governance import (
+    Approval,
+    ApprovalBook,
+    ApprovalStatus,
+    evolve_approvals,
+)
 from schemas.canonical import args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
     Envelope,
     Event,
     FailureDisposition,
@@ -224,9 +234,9 @@ def test_given_histories_fold_to_the_intended_states() -> None:
 
 
 def submit(intent: str = "i2", digest: str = DIGEST, policy: Policy = P,
-           approvals: ApprovalBook | None = None) -> Submit:
+           approvals: ApprovalBook | None = None, gate: Gate | None = None) -> Submit:
     return Submit(context=ctx(intent, digest), arguments_redacted_json=REDACTED, policy=policy,
-                  now=NOW, epoch=EPOCH, approvals=approvals)
+                  now=NOW, epoch=EPOCH, gate=gate or Gate(), approvals=approvals)
 
 
 def finished(outcome: AttemptOutcome, attempt: int = 1, intent: str = "i1",
@@ -730,7 +740,50 @@ OPEN_BOOK = ApprovalBook(items=(Approval(
 DECIDED_BOOK = ApprovalBook(items=(Approval(
     approval_id="apr_1", args_digest=DIGEST, status=ApprovalStatus.DENIED,
     expires_at=NOW + timedelta(hours=1)),))
-SWEEP_ID = expiry_intent_id(fold(SUCCEEDED))  # type: ignore[arg-type]
+SWEEP_ID = expiry_intent_id(str(KEY), "i1/succeeded/1")
+
+
+# A key's approval book, folded from its events as the executor does: a key that only had
+# approval requests settles when its last request was decided or lapsed, and expires by that.
+def book_of(*events: Event) -> ApprovalBook:
+    book: ApprovalBook | None = None
+    for event in events:
+        book = evolve_approvals(book, event)
+    assert book is not None
+    return book
+
+
+def asked(at: datetime, ttl: timedelta = timedelta(hours=1), digest: str = DIGEST) -> Event:
+    return ApprovalRequested(
+        envelope=ctx("i1", digest).envelope("i1/approval-requested/1", at), approval_id="apr_1",
+        arguments_redacted_json=REDACTED, impact_json="{}", expires_at=at + ttl)
+
+
+def refused_by_operator(at: datetime, digest: str = DIGEST) -> Event:
+    return ApprovalDenied(envelope=ctx("op1", digest).envelope("op1/approval-denied/1", at),
+                          approval_id="apr_1", approver="olga", reason="too much")
+
+
+def granted_until(at: datetime, until: datetime) -> Event:
+    return ApprovalGranted(envelope=ctx("op1").envelope("op1/approval-granted/1", at),
+                           approval_id="apr_1", approver="olga", token_digest="sha256:t",
+                           expires_at=until)
+
+
+ONLY_DENIED = book_of(asked(T0), refused_by_operator(SUCCEEDED_AT))
+ONLY_PENDING = book_of(asked(T0))
+ONLY_LAPSED = book_of(asked(T0 - timedelta(hours=2)))  # lapsed at T0 - 1 h
+ONLY_GRANTED_UNUSED = book_of(asked(T0), granted_until(SUCCEEDED_AT, NOW + timedelta(seconds=1)))
+LATER_DENIAL = book_of(asked(NOW - timedelta(seconds=60), digest=OTHER_DIGEST),
+                       refused_by_operator(NOW - timedelta(seconds=30), OTHER_DIGEST))
+BOOK_SWEEP_ID = expiry_intent_id(str(KEY), "op1/approval-denied/1")
+GATED = Gate(approval=ApprovalGate(token_digest=None, new_approval_id="apr_2",
+                                   impact_json="{}", request_ttl=timedelta(hours=1)))
+
+
+def book_expired(intent: str, settled: datetime, retention: int) -> Ev:
+    return ev(ToolCallKeyExpired, f"{intent}/expired/1", status=None, last_event_at=settled,
+              retention_s=retention)
 
 RETENTION_ROWS: list[Row] = [
     Row("submit/expired-key-runs-as-a-new-call", SUCCEEDED, submit(policy=keep(60)),
@@ -779,6 +832,39 @@ RETENTION_ROWS: list[Row] = [
     Row("expire/open-approval-keeps-the-key", SUCCEEDED, expire(keep(60), OPEN_BOOK),
         [], None, CallStatus.SUCCEEDED),
     Row("expire/no-state", NONE, expire(keep(1)), [], None, None),
+    # ---- keys that only had approval requests (no call ran under them)
+    Row("expire/only-a-denied-request-past-retention", NONE, expire(keep(60), ONLY_DENIED),
+        [book_expired(BOOK_SWEEP_ID, SUCCEEDED_AT, 60)], None, None),
+    Row("expire/only-a-denied-request-within-retention", NONE, expire(keep(600), ONLY_DENIED),
+        [], None, None),
+    Row("expire/only-a-pending-request-keeps-the-key", NONE, expire(keep(1), ONLY_PENDING),
+        [], None, None),
+    Row("expire/only-an-unused-grant-keeps-the-key", NONE, expire(keep(1), ONLY_GRANTED_UNUSED),
+        [], None, None),
+    # retention counts from the request's lapse (T0 - 1 h): 4,200 s after it is NOW exactly
+    Row("expire/a-lapsed-request-at-its-expiry", NONE, expire(keep(4200), ONLY_LAPSED),
+        [book_expired(expiry_intent_id(str(KEY), "i1/approval-requested/1"),
+                      T0 - timedelta(hours=1), 4200)], None, None),
+    Row("expire/a-lapsed-request-a-second-before", NONE, expire(keep(4201), ONLY_LAPSED),
+        [], None, None),
+    Row("submit/a-denial-past-retention-is-forgotten-and-asked-again", NONE,
+        submit(policy=keep(60), approvals=ONLY_DENIED, gate=GATED),
+        [book_expired("i2", SUCCEEDED_AT, 60),
+         ev(ApprovalRequested, "i2/approval-requested/1", approval_id="apr_2")], None, None),
+    Row("submit/a-denial-within-retention-still-refuses", NONE,
+        submit(policy=keep(600), approvals=ONLY_DENIED, gate=GATED),
+        [_rejected(ErrorCode.APPROVAL_INVALID)], None, None),
+    # the key's call settled long ago, but a request for other arguments was denied 30 s
+    # ago: the key is kept for the denial's own retention
+    Row("submit/a-later-denial-keeps-the-key", SUCCEEDED,
+        submit(policy=keep(60), approvals=LATER_DENIAL),
+        [ev(ToolCallReplayed, "i2/replayed/1", status=CallStatus.SUCCEEDED)],
+        None, CallStatus.SUCCEEDED),
+    Row("expire/a-later-denial-keeps-the-key", SUCCEEDED, expire(keep(60), LATER_DENIAL),
+        [], None, CallStatus.SUCCEEDED),
+    Row("expire/past-both-retentions", SUCCEEDED, expire(keep(30), LATER_DENIAL),
+        [ev(ToolCallKeyExpired, f"{SWEEP_ID}/expired/1", status=CallStatus.SUCCEEDED,
+            last_event_at=NOW - timedelta(seconds=30), retention_s=30)], None, None),
 ]
 
 

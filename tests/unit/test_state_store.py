@@ -41,6 +41,8 @@ from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
+KEYS = [str(CallKey("acme", "op", k)) for k in ("a", "b", "c")]
+KEY_C = KEYS[2]
 IDENTITY = {"cluster": "c1", "group": "g", "topic": "t.state", "partition": "0", "partitions": "4"}
 
 
@@ -64,7 +66,8 @@ def _state(key: str, status: CallStatus, at: datetime = T0) -> CallState:
     )
 
 
-def _book(approval_id: str) -> ApprovalBook:
+def _book(approval_id: str, key: str = KEY_C) -> ApprovalBook:
+    """A key's book with one pending request, as its ApprovalRequested at T0 left it."""
     return ApprovalBook(
         items=(
             Approval(
@@ -73,7 +76,10 @@ def _book(approval_id: str) -> ApprovalBook:
                 status=ApprovalStatus.PENDING,
                 expires_at=T0 + timedelta(hours=1),
             ),
-        )
+        ),
+        context=_state(key, CallStatus.PENDING).context,
+        updated_at=T0,
+        last_event_id=f"i/{approval_id}",
     )
 
 
@@ -82,9 +88,6 @@ def _rows(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
         conn.execute("SELECT * FROM call_state ORDER BY call_key").fetchall()
         + conn.execute("SELECT * FROM executor_state ORDER BY key").fetchall()
     )
-
-
-KEYS = [str(CallKey("acme", "op", k)) for k in ("a", "b", "c")]
 
 
 def _batches() -> list[CommitBatch]:
@@ -97,7 +100,7 @@ def _batches() -> list[CommitBatch]:
             refused=[7],
         ),
         CommitBatch(0, states={a: _state(a, CallStatus.UNKNOWN, T0 + timedelta(seconds=5))}),
-        CommitBatch(0, expired={b}, approvals={b: _book("apr_2")}),  # expired, asked again
+        CommitBatch(0, expired={b}, approvals={b: _book("apr_2", b)}),  # expired, asked again
         CommitBatch(0, expired={c}),
     ]
 
@@ -135,7 +138,7 @@ def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
     a, b, _c = KEYS
     assert [row[0] for row in direct.execute("SELECT call_key FROM call_state")] == [a, b]
     entries = state_table.read(direct, KEYS, state_table.IN_CALL_STATE)
-    assert entries[b].state is None and entries[b].book == _book("apr_2")
+    assert entries[b].state is None and entries[b].book == _book("apr_2", b)
     live = state_table.live(direct, 0, state_table.IN_CALL_STATE)
     assert list(live.states) == [a] and live.refused == frozenset({7})
 
@@ -156,6 +159,38 @@ def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
     assert [k for _, k in first] == keys[:2]
     rest = state_table.IN_CALL_STATE.due(conn, 0, "op", cutoff, first[-1], 2)
     assert [k for _, k in rest] == keys[2:3]
+
+
+@pytest.mark.parametrize("by_pairs", [False, True], ids=["own-commits", "topic-pairs"])
+def test_a_key_with_only_a_book_is_due_by_when_its_book_settled(
+    tmp_path: Path, by_pairs: bool
+) -> None:
+    """A key that only had approval requests is due once its book settled (here: its one
+    request lapses at T0 + 1 h); a key with a state is due by its state alone, once."""
+    store = LocalStore(tmp_path / "p0.db", IDENTITY)
+    a, b, c = KEYS
+    batches = [
+        CommitBatch(
+            0,
+            states={a: _state(a, CallStatus.SUCCEEDED), b: _state(b, CallStatus.SUCCEEDED)},
+            approvals={b: _book("apr_b", b), c: _book("apr_c", c)},
+        ),
+        CommitBatch(0, expired={a}, approvals={a: _book("apr_a", a)}),  # expired, asked again
+    ]
+    for batch in batches:
+        if by_pairs:
+            store.apply(_pairs(batch), None)
+        else:
+            with state_table.transaction(store.conn) as conn:
+                state_table.put_batch(conn, batch)
+    try:
+        lapsed = (T0 + timedelta(hours=1)).timestamp()
+        due = store.reader.due(0, "op", lapsed, None, 10)
+        assert due == [(T0.timestamp(), b), (lapsed, a), (lapsed, c)]
+        assert store.reader.due(0, "op", lapsed - 1, None, 10) == [(T0.timestamp(), b)]
+        assert store.reader.due(0, "op", lapsed, (lapsed, a), 10) == [(lapsed, c)]
+    finally:
+        store.close()
 
 
 def test_a_local_store_keeps_its_checkpoint_and_contents(tmp_path: Path) -> None:
@@ -398,9 +433,7 @@ async def test_a_file_whose_executor_kept_its_states_hands_them_to_its_call_rows
             again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
             assert again.replayed and again.result == first[k].result
         due = [
-            key
-            for p in (0, 1)
-            for _, key in ledger.log.reader.due(p, "op", float("inf"), None, 10)
+            key for p in (0, 1) for _, key in ledger.log.reader.due(p, "op", float("inf"), None, 10)
         ]
         assert sorted(due) == [row[0] for row in rows]
     assert made == ["a", "b", "c"]
