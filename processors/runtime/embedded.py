@@ -19,6 +19,7 @@ from typing import Any
 
 from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
+from processors.runtime.heap import release_free_memory_every
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.sqlite_log import EXECUTOR, INTENTS, OUTCOMES, SqliteLog
@@ -228,6 +229,7 @@ class EmbeddedRuntime:
         }
         self._prune_interval_s = prune_interval_s
         self._pruner: asyncio.Task[None] | None = None
+        self._heap: asyncio.Task[None] | None = None
         self._cache_entries = max(1, cache_entries // log.partitions)
         self._stages = stages
         self._concurrency = concurrency
@@ -249,6 +251,7 @@ class EmbeddedRuntime:
         self._readers = [asyncio.create_task(self._read(p)) for p in range(self.log.partitions)]
         if self._retention:
             self._pruner = asyncio.create_task(self._prune())
+        self._heap = asyncio.create_task(release_free_memory_every())
 
     async def _prune(self) -> None:
         """Delete the log's records past their topic's retention, a range per partition and
@@ -326,10 +329,11 @@ class EmbeddedRuntime:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
-        if self._pruner is not None:
-            self._pruner.cancel()
-            with contextlib.suppress(BaseException):
-                await self._pruner
+        for background in (self._pruner, self._heap):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(BaseException):
+                    await background
         for task in self._readers:
             task.cancel()
         for task in self._readers:

@@ -38,6 +38,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
+from processors.runtime.heap import release_free_memory_every
 from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
 from processors.runtime.partition import PartitionFailed, PartitionWorker
@@ -402,6 +403,7 @@ class KafkaExecutor:
         self._unowned: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._heap: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.assigned = asyncio.Event()
 
@@ -423,6 +425,7 @@ class KafkaExecutor:
         await self._consumer.start()
         self._consumer.subscribe([self.topics.intents], listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._run())
+        self._heap = asyncio.create_task(release_free_memory_every())
 
     async def stop(self, *, drain_s: float | None = None) -> None:
         """Graceful: stop reading, let running calls finish (bounded), release partitions."""
@@ -433,7 +436,15 @@ class KafkaExecutor:
         await self._release(list(self.owned), drain_s=drain_s)
         if self._consumer is not None:
             await self._consumer.stop()
+        await self._stop_heap()
         self._cleanup()
+
+    async def _stop_heap(self) -> None:
+        if self._heap is not None:
+            self._heap.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heap
+            self._heap = None
 
     def _cleanup(self) -> None:
         if self._private_dir is not None:
@@ -454,6 +465,7 @@ class KafkaExecutor:
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
+        await self._stop_heap()
         self._cleanup()
 
     async def drain(self) -> None:
