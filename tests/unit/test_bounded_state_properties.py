@@ -24,14 +24,21 @@ from processors.runtime.partition import PartitionWorker
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
+from producers.governance import ApprovalTarget, deny
+from schemas.canonical import args_digest
 from schemas.codec import encode
+from schemas.errors import ErrorCode
 from schemas.events import (
+    ApprovalDenied,
+    ApprovalRequested,
     Envelope,
+    Event,
     ToolCallRejected,
     ToolCallReplayed,
     ToolCallRequested,
     ToolCallSucceeded,
 )
+from schemas.governance import approval_id_for
 from schemas.keys import CallKey
 from tests.unit.memory_store import MemoryStore
 
@@ -197,3 +204,170 @@ def test_evictions_expiries_and_restarts_decide_as_the_unbounded_model(
     assert answers == expected, (groups, cache)
     assert effects.count == model.effects
     assert store.position == len(log)
+
+
+# -- keys with approval requests ----------------------------------------------------------
+# The same tool, but a call with value 1 needs an operator's approval: it opens a request (or
+# is answered by the open one); an operator may deny it. A key that only had requests settles
+# when its last one was decided or lapsed, a key with a call at the later of the call and its
+# requests, and either expires a retention later (the denial with it): the model says so, the
+# worker must agree through evictions, restarts and the sweeper's own expiries.
+
+REQUEST_TTL_S = 150
+NEEDS_APPROVAL = 1
+
+
+@dataclass
+class KeyModel:
+    call: tuple[int, datetime] | None = None  # the value and when it ran (and settled)
+    request: tuple[str, datetime, bool] | None = None  # id, expiry, denied
+    book_at: datetime | None = None  # the key's last approval event
+
+    def settled(self) -> datetime | None:
+        times = [self.call[1]] if self.call else []
+        if self.request is not None:
+            assert self.book_at is not None
+            _id, expires, denied = self.request
+            times += [self.book_at] if denied else [self.book_at, expires]
+        return max(times, default=None)
+
+
+@dataclass
+class ApprovalModel:
+    keys: dict[str, KeyModel] = field(default_factory=dict)
+    effects: Counter[str] = field(default_factory=Counter)
+
+    def _key(self, key: str, at: datetime) -> KeyModel:
+        held = self.keys.get(key)
+        settled = None if held is None else held.settled()
+        if held is None or (settled and at >= settled + timedelta(seconds=RETENTION_S)):
+            held = self.keys[key] = KeyModel()  # new, or expired: at its expiry exactly too
+        return held
+
+    def call(self, intent_id: str, key: str, value: int, at: datetime) -> str:
+        held = self._key(key, at)
+        if held.call is not None:  # replayed or refused: no approval asked for either
+            return "replayed" if held.call[0] == value else "refused"
+        if value == NEEDS_APPROVAL:
+            if held.request is not None and held.request[2]:
+                return "denied"
+            if held.request is None or at >= held.request[1]:  # none yet, or lapsed
+                expires = at + timedelta(seconds=REQUEST_TTL_S)
+                held.request = (approval_id_for(intent_id), expires, False)
+            held.book_at = at  # asked again while open: the same request answers
+            return f"asked:{held.request[0]}"
+        held.call = (value, at)
+        self.effects[key] += 1
+        return "executed"
+
+    def deny(self, key: str, at: datetime) -> tuple[str, str]:
+        """The approval id the operator denies (the key's request, if any) and the answer."""
+        held = self._key(key, at)
+        if held.request is None:
+            return "apr_none", "undecidable"
+        approval_id, expires, denied = held.request
+        if denied or at >= expires:
+            return approval_id, "undecidable"
+        held.request, held.book_at = (approval_id, expires, True), at
+        return approval_id, "decided"
+
+
+def _approval_stages(effects: Effects, clock: LogClock) -> Stages:
+    registry = ToolRegistry()
+    registry.register(
+        Tool(
+            name="op",
+            version="1",
+            arguments=Args,
+            result=Done,
+            handler=effects.handler,
+            timeout_s=5,
+            key_retention=timedelta(seconds=RETENTION_S),
+            approval=lambda args: "operator" if args.value == NEEDS_APPROVAL else None,
+            description=ToolDescription("op", "tests", "never", "none", "replayed"),
+        )
+    )
+    ttl = timedelta(seconds=REQUEST_TTL_S)
+    return Stages(registry, Redactor(b"k" * 32), clock=clock, approval_request_ttl=ttl)
+
+
+def _denial(key: str, approval_id: str, at: datetime) -> tuple[str, bytes]:
+    target = ApprovalTarget(approval_id, "t", "op", key, args_digest({"value": NEEDS_APPROVAL}))
+    denial = deny(target, "op@t", "no", at)
+    return denial.intent_id, encode(denial)
+
+
+def _approval_answer(events: list[Event]) -> str:
+    for event in events:
+        if isinstance(event, ApprovalRequested):
+            return f"asked:{event.approval_id}"
+        if isinstance(event, ApprovalDenied):
+            return "decided"
+        if isinstance(event, ToolCallRejected):
+            if event.error.code != ErrorCode.APPROVAL_INVALID:
+                return "refused"
+            refused_call = event.error.message.startswith("An operator denied this call")
+            return "denied" if refused_call else "undecidable"
+    return _answer(list(events))
+
+
+APPROVAL_GROUP = st.tuples(
+    st.sampled_from([0, 0, 40, 60, RETENTION_S]),
+    st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([0, 1, 1, "deny"])), max_size=5),
+    st.booleans(),  # restart the worker after this group
+    st.booleans(),  # give the sweeper time to expire keys on its own
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=st.lists(APPROVAL_GROUP, min_size=1, max_size=8), cache=st.sampled_from([1, 4096]))
+def test_keys_with_approval_requests_expire_as_the_model_says(
+    groups: list[tuple[int, list[tuple[str, int | str]], bool, bool]], cache: int
+) -> None:
+    effects, clock, model = Effects(), LogClock(), ApprovalModel()
+    stages = _approval_stages(effects, clock)
+    store = MemoryStore()
+    expected: dict[str, str] = {}
+    log: list[bytes] = []
+
+    def worker() -> PartitionWorker:
+        return PartitionWorker(
+            0, store.position, store, stages, epoch=1, concurrency=8,
+            sweep_interval_s=0.005, cache_entries=cache,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        current = worker()
+        await current.start()
+        for advance, ops, restart, sweep in groups:
+            clock.now_ += timedelta(seconds=advance)
+            for key, op in ops:
+                if op == "deny":
+                    approval_id, answer = model.deny(key, clock.now_)
+                    intent_id, record = _denial(key, approval_id, clock.now_)
+                else:
+                    assert isinstance(op, int)
+                    intent_id = uuid.uuid4().hex
+                    answer = model.call(intent_id, key, op, clock.now_)
+                    record = _intent(intent_id, key, op, clock.now_)
+                expected[intent_id] = answer
+                log.append(record)
+                await current.feed(len(log) - 1, record)
+                await current.drain()  # one at a time: a denial follows the request it denies
+            if sweep:
+                await asyncio.sleep(0.03)
+                await current.drain()
+            if restart:
+                await current.stop()
+                current = worker()
+                await current.start()
+        await current.drain()
+        await current.stop()
+
+    asyncio.run(scenario())
+    answers = {
+        intent_id: _approval_answer([e for e in store.outcomes if e.intent_id == intent_id])
+        for intent_id in expected
+    }
+    assert answers == expected, (groups, cache)
+    assert effects.count == model.effects
