@@ -12,8 +12,10 @@ import json
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -43,6 +45,8 @@ from schemas.keys import CallKey
 from tests.unit.memory_store import MemoryStore
 
 RETENTION_S = 100
+REQUEST_TTL_S = 150  # of an approval request (the approval property's tool)
+NEEDS_APPROVAL = 1  # the value whose calls need an approval there
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
@@ -78,7 +82,9 @@ class Effects:
         return Done(effect=self.count[ctx.idempotency_key])
 
 
-def _stages(effects: Effects, clock: LogClock) -> Stages:
+def _stages(effects: Effects, clock: LogClock, *, approvals: bool = False) -> Stages:
+    """The one tool; with ``approvals``, a call with value :data:`NEEDS_APPROVAL` needs an
+    operator's approval (requests lapse after :data:`REQUEST_TTL_S`)."""
     registry = ToolRegistry()
     registry.register(
         Tool(
@@ -89,10 +95,75 @@ def _stages(effects: Effects, clock: LogClock) -> Stages:
             handler=effects.handler,
             timeout_s=5,
             key_retention=timedelta(seconds=RETENTION_S),
+            approval=(lambda args: "operator" if args.value == NEEDS_APPROVAL else None)
+            if approvals
+            else None,
             description=ToolDescription("op", "tests", "never", "none", "replayed"),
         )
     )
-    return Stages(registry, Redactor(b"k" * 32), clock=clock)
+    ttl = timedelta(seconds=REQUEST_TTL_S)
+    return Stages(registry, Redactor(b"k" * 32), clock=clock, approval_request_ttl=ttl)
+
+
+Op = TypeVar("Op")
+Group = tuple[int, list[tuple[str, Op]], bool, bool]  # advance, (key, op)s, restart, sweep
+
+
+def _play(
+    stages: Stages,
+    clock: LogClock,
+    groups: list[Group[Op]],
+    cache: int,
+    feed: Callable[[str, Op, datetime], tuple[str, str, bytes]],
+    *,
+    one_at_a_time: bool,
+) -> tuple[MemoryStore, dict[str, str]]:
+    """Run ``groups`` through a worker over a :class:`MemoryStore`: log time moves on, each
+    op is made a record by ``feed`` (its intent id, the model's answer, the record) and fed
+    (``one_at_a_time``: each drained before the next, else the group's run together), the
+    sweeper is given time, the worker restarts. Returns the store and the expected answers."""
+    store = MemoryStore()
+    expected: dict[str, str] = {}
+
+    def worker() -> PartitionWorker:
+        return PartitionWorker(
+            0, store.position, store, stages, epoch=1, concurrency=8,
+            sweep_interval_s=0.005, cache_entries=cache,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        current = worker()
+        await current.start()
+        for advance, ops, restart, sweep in groups:
+            clock.now_ += timedelta(seconds=advance)
+            for key, op in ops:
+                intent_id, answer, record = feed(key, op, clock.now_)
+                expected[intent_id] = answer
+                await current.feed(len(expected) - 1, record)
+                if one_at_a_time:
+                    await current.drain()
+            await current.drain()
+            if sweep:
+                await asyncio.sleep(0.03)
+                await current.drain()
+            if restart:
+                await current.stop()
+                current = worker()
+                await current.start()
+        await current.drain()
+        await current.stop()
+
+    asyncio.run(scenario())
+    return store, expected
+
+
+def _answers(
+    store: MemoryStore, expected: Mapping[str, str], answer: Callable[[list[Event]], str]
+) -> dict[str, str]:
+    return {
+        intent_id: answer([e for e in store.outcomes if e.intent_id == intent_id])
+        for intent_id in expected
+    }
 
 
 def _intent(intent_id: str, key: str, value: int, at: datetime) -> bytes:
@@ -133,7 +204,7 @@ class Model:
         return "replayed" if held[0] == value else "refused"
 
 
-def _answer(events: list[object]) -> str:
+def _answer(events: list[Event]) -> str:
     for event in events:
         if isinstance(event, ToolCallSucceeded):
             return "executed"
@@ -158,52 +229,17 @@ def test_evictions_expiries_and_restarts_decide_as_the_unbounded_model(
     groups: list[tuple[int, list[tuple[str, int]], bool, bool]], cache: int
 ) -> None:
     effects, clock, model = Effects(), LogClock(), Model()
-    stages = _stages(effects, clock)
-    store = MemoryStore()
-    expected: dict[str, str] = {}
-    log: list[bytes] = []
 
-    def worker() -> PartitionWorker:
-        return PartitionWorker(
-            0,
-            store.position,
-            store,
-            stages,
-            epoch=1,
-            concurrency=8,
-            sweep_interval_s=0.005,
-            cache_entries=cache,
-        )
+    def feed(key: str, value: int, at: datetime) -> tuple[str, str, bytes]:
+        intent_id = uuid.uuid4().hex
+        return intent_id, model.answer(key, value, at), _intent(intent_id, key, value, at)
 
-    async def scenario() -> None:
-        current = worker()
-        await current.start()
-        for advance, calls, restart, sweep in groups:
-            clock.now_ += timedelta(seconds=advance)
-            for key, value in calls:
-                intent_id = uuid.uuid4().hex
-                expected[intent_id] = model.answer(key, value, clock.now_)
-                log.append(_intent(intent_id, key, value, clock.now_))
-                await current.feed(len(log) - 1, log[-1])
-            await current.drain()
-            if sweep:
-                await asyncio.sleep(0.03)
-                await current.drain()
-            if restart:
-                await current.stop()
-                current = worker()
-                await current.start()
-        await current.drain()
-        await current.stop()
-
-    asyncio.run(scenario())
-    answers = {
-        intent_id: _answer([e for e in store.outcomes if e.intent_id == intent_id])
-        for intent_id in expected
-    }
-    assert answers == expected, (groups, cache)
+    store, expected = _play(
+        _stages(effects, clock), clock, groups, cache, feed, one_at_a_time=False
+    )
+    assert _answers(store, expected, _answer) == expected, (groups, cache)
     assert effects.count == model.effects
-    assert store.position == len(log)
+    assert store.position == len(expected)
 
 
 # -- keys with approval requests ----------------------------------------------------------
@@ -212,9 +248,6 @@ def test_evictions_expiries_and_restarts_decide_as_the_unbounded_model(
 # when its last one was decided or lapsed, a key with a call at the later of the call and its
 # requests, and either expires a retention later (the denial with it): the model says so, the
 # worker must agree through evictions, restarts and the sweeper's own expiries.
-
-REQUEST_TTL_S = 150
-NEEDS_APPROVAL = 1
 
 
 @dataclass
@@ -272,25 +305,6 @@ class ApprovalModel:
         return approval_id, "decided"
 
 
-def _approval_stages(effects: Effects, clock: LogClock) -> Stages:
-    registry = ToolRegistry()
-    registry.register(
-        Tool(
-            name="op",
-            version="1",
-            arguments=Args,
-            result=Done,
-            handler=effects.handler,
-            timeout_s=5,
-            key_retention=timedelta(seconds=RETENTION_S),
-            approval=lambda args: "operator" if args.value == NEEDS_APPROVAL else None,
-            description=ToolDescription("op", "tests", "never", "none", "replayed"),
-        )
-    )
-    ttl = timedelta(seconds=REQUEST_TTL_S)
-    return Stages(registry, Redactor(b"k" * 32), clock=clock, approval_request_ttl=ttl)
-
-
 def _denial(key: str, approval_id: str, at: datetime) -> tuple[str, bytes]:
     target = ApprovalTarget(approval_id, "t", "op", key, args_digest({"value": NEEDS_APPROVAL}))
     denial = deny(target, "op@t", "no", at)
@@ -308,7 +322,7 @@ def _approval_answer(events: list[Event]) -> str:
                 return "refused"
             refused_call = event.error.message.startswith("An operator denied this call")
             return "denied" if refused_call else "undecidable"
-    return _answer(list(events))
+    return _answer(events)
 
 
 APPROVAL_GROUP = st.tuples(
@@ -325,49 +339,18 @@ def test_keys_with_approval_requests_expire_as_the_model_says(
     groups: list[tuple[int, list[tuple[str, int | str]], bool, bool]], cache: int
 ) -> None:
     effects, clock, model = Effects(), LogClock(), ApprovalModel()
-    stages = _approval_stages(effects, clock)
-    store = MemoryStore()
-    expected: dict[str, str] = {}
-    log: list[bytes] = []
 
-    def worker() -> PartitionWorker:
-        return PartitionWorker(
-            0, store.position, store, stages, epoch=1, concurrency=8,
-            sweep_interval_s=0.005, cache_entries=cache,
-        )  # fmt: skip
+    def feed(key: str, op: int | str, at: datetime) -> tuple[str, str, bytes]:
+        if op == "deny":
+            approval_id, answer = model.deny(key, at)
+            intent_id, record = _denial(key, approval_id, at)
+            return intent_id, answer, record
+        assert isinstance(op, int)
+        intent_id = uuid.uuid4().hex
+        return intent_id, model.call(intent_id, key, op, at), _intent(intent_id, key, op, at)
 
-    async def scenario() -> None:
-        current = worker()
-        await current.start()
-        for advance, ops, restart, sweep in groups:
-            clock.now_ += timedelta(seconds=advance)
-            for key, op in ops:
-                if op == "deny":
-                    approval_id, answer = model.deny(key, clock.now_)
-                    intent_id, record = _denial(key, approval_id, clock.now_)
-                else:
-                    assert isinstance(op, int)
-                    intent_id = uuid.uuid4().hex
-                    answer = model.call(intent_id, key, op, clock.now_)
-                    record = _intent(intent_id, key, op, clock.now_)
-                expected[intent_id] = answer
-                log.append(record)
-                await current.feed(len(log) - 1, record)
-                await current.drain()  # one at a time: a denial follows the request it denies
-            if sweep:
-                await asyncio.sleep(0.03)
-                await current.drain()
-            if restart:
-                await current.stop()
-                current = worker()
-                await current.start()
-        await current.drain()
-        await current.stop()
-
-    asyncio.run(scenario())
-    answers = {
-        intent_id: _approval_answer([e for e in store.outcomes if e.intent_id == intent_id])
-        for intent_id in expected
-    }
-    assert answers == expected, (groups, cache)
+    stages = _stages(effects, clock, approvals=True)
+    # one at a time: a denial follows the request it denies
+    store, expected = _play(stages, clock, groups, cache, feed, one_at_a_time=True)
+    assert _answers(store, expected, _approval_answer) == expected, (groups, cache)
     assert effects.count == model.effects
