@@ -74,12 +74,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from processors.runtime.sqlite_log import OWN_KEY, key_fingerprint
 from rich.console import Console
 from rich.progress import (
     Progress,
     TaskID,
 )
 from rich.table import Table
+from schemas.packing import unpack
 
 from bench.common import (
     TENANTS,
@@ -97,12 +99,10 @@ from bench.common import (
     workload_meta,
     write_result,
 )
-from processors.runtime.sqlite_log import OWN_KEY, key_fingerprint
 from producers.client import CallResult, TrustedContext
 from projections import sqlite as projection
 from schemas.codec import decode
 from schemas.events import ToolCallSucceeded
-from schemas.packing import unpack
 from toolledger import Ledger
 from toolledger.embedded import EmbeddedLedger
 

@@ -96,13 +96,12 @@ from rich.progress import (
 from rich.table import Table
 
 from bench.common import TOOL, Counter, make_registry, new_progress, write_result
+from processors.ledger.rows import event_of_json
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
-from schemas.codec import decode
 from schemas.events import ToolCallReplayed, ToolCallStarted, ToolCallSucceeded
 from schemas.keys import CallKey, InvalidIdempotencyKey
-from schemas.packing import unpack
 from toolledger import serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -692,19 +691,17 @@ def check_bare(checks: Checks) -> Verify:
 
 
 def ledger_counts(path: Path) -> dict[str, int]:
-    """Outcome events by type, distinct succeeded keys and projection rows, read back from
-    the ledger file (after the server has stopped)."""
+    """Events by type, distinct succeeded keys and call rows, read back from the ledger file
+    (after the server has stopped)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         counts: Tally[str] = Tally()
         succeeded: set[str] = set()
-        for (value,) in conn.execute("SELECT value FROM log WHERE topic = 'outcomes'"):
-            event = decode(unpack(bytes(value)))
+        for (text,) in conn.execute("SELECT event FROM events"):
+            event = event_of_json(text)
             counts[event.TYPE] += 1
             if isinstance(event, ToolCallSucceeded):
                 succeeded.add(event.call_key)
-        counts["intents"] = conn.execute(
-            "SELECT COUNT(*) FROM log WHERE topic = 'intents'").fetchone()[0]
         counts["tool_calls_rows"] = conn.execute("SELECT COUNT(*) FROM tool_calls").fetchone()[0]
     finally:
         conn.close()
@@ -780,10 +777,9 @@ async def run_ledger(args: argparse.Namespace, work: Path, progress: Progress, *
     replayed = counts.get(ToolCallReplayed.TYPE, 0)
     if (any(counts.get(name) != value for name, value in exact.items())
             or not keys <= replayed <= keys + retried
-            or counts.get("intents") != keys + replayed
-            or set(counts) - {*exact, ToolCallReplayed.TYPE, "intents"}):
+            or set(counts) - {*exact, ToolCallReplayed.TYPE}):
         first_checks.fail("ledger_file", f"expected {exact}, {keys}..{keys + retried} "
-                                         f"replayed, intents = keys + replayed; found {counts}")
+                                         f"replayed; found {counts}")
     return LedgerRun(first, replays, first_checks, replay_checks, counts,
                      len(bodies[0]), profiles if profile else {})
 

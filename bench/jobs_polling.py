@@ -118,8 +118,8 @@ def make_job_registry(polls: Polls) -> ToolRegistry:
 
 def _running_jobs(ledger: EmbeddedLedger) -> int:
     """Keys the partitions' sweepers poll (their PENDING calls with a running job)."""
-    assert ledger.runtime is not None
-    return sum(len(worker._jobs) for worker in ledger.runtime.workers)
+    assert ledger.runtime is not None and ledger.runtime.executor is not None
+    return ledger.runtime.executor.polled_jobs
 
 
 def _load() -> float:
@@ -302,7 +302,7 @@ async def run(jobs: int, window_s: float, *, profile: bool = False) -> dict[str,
                 "synchronous": defaults["synchronous"].default,
                 "poll_backoff": f"min({cap:g}, {base:g} * 2**polls) s per job, looked at by "
                 f"each partition's sweeper every {sweep_s:g} s (processors/runtime/"
-                "partition.py, PartitionWorker._sweeper)",
+                "executor.py, Executor._sweep_loop)",
                 "steady_polls_per_s_at_most": round(jobs / cap, 1),
             },
             "tool": "long_running no-op: the handler returns a JobRef, the poll always "

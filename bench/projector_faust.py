@@ -66,9 +66,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.common import write_result
 from bench.faust_projector import PROCESSING_GUARANTEE, FaustProjector
 from processors.ledger import fold_all
+from processors.ledger.rows import call_row
 from projections.postgres import PostgresProjection, migrate
 from projections.projector import KafkaProjector
-from projections.rows import call_row
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
 from schemas.events import Envelope, Event, ToolCallStarted, ToolCallSucceeded

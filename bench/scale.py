@@ -104,9 +104,9 @@ async def _audit_rounds(log: Any, retention: timedelta | None) -> AsyncIterator[
 
 
 async def embedded_run(calls: int, step: int, retention: str, directory: Path) -> dict[str, Any]:
-    """``retention`` "forever": every key, log record and audit row is kept (the defaults,
-    but for the intents' 7 days, which a run never reaches). Otherwise it is every retention
-    at once: keys, intents, outcome records and the audit trail (what a platform that keeps
+    """``retention`` "forever": every key, event and raw intent is kept (the defaults, but for
+    the intents' 7 days, which a run never reaches). Otherwise it is every retention at once:
+    keys, raw intents and the audit trail with the log's events (what a platform that keeps
     nothing longer than that sets)."""
     from processors.tools.retention import FOREVER, parse_retention
     from toolledger.embedded import EmbeddedLedger
@@ -120,12 +120,10 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     path = directory / "ledger.db"
     steps = []
     prefix = uuid.uuid4().hex[:8]
-    retentions: dict[str, Any] = (
-        {} if short is None else {"intents_retention": short, "outcomes_retention": short}
-    )
+    retentions: dict[str, Any] = {} if short is None else {"intents_retention": short}
     async with (
         EmbeddedLedger(path, registry, create=True, **retentions) as ledger,
-        _audit_rounds(ledger.log, short),
+        _audit_rounds(ledger.file, short),
     ):
         for first in range(0, calls, step):
             started = time.perf_counter()

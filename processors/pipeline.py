@@ -1,10 +1,13 @@
-"""The executor stages, written once and used by every runtime.
+"""The tool stages, written once and used by every runtime.
 
-    parse and validate -> authorise -> idempotency decision (pure core) -> execute with a
-    timeout -> normalise the result or error -> append the outcome
+    parse and validate -> authorise -> [idempotency decision: the pure core] -> kill switch
+    and approval gate -> execute with a timeout -> normalise the result or error
 
-A runtime supplies a :class:`~processors.ports.CallPort` per intent: the current state of
-call keys and a ``commit`` that makes events durable (and fenced) before it returns.
+:class:`Stages` is everything the executor core (:mod:`processors.executor`) asks of the
+tools, through the :class:`~processors.ports.ToolStages` port: it admits an intent (once),
+builds the gate the core applies after the idempotency decision, and runs a tool's handler,
+reconcile query, poll or cancel, returning every outcome as data. It decides nothing and
+writes nothing: the core decides, the runtime writes.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import json
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,16 +25,9 @@ from pydantic import BaseModel, ValidationError
 from processors import tracing
 from processors.ledger import (
     ApprovalGate,
-    AttemptFinished,
     AttemptOutcome,
     CallContext,
     CallState,
-    Cancel,
-    ChangeSwitch,
-    DecideApproval,
-    Decision,
-    Execute,
-    Expire,
     Failure,
     Found,
     FoundFailed,
@@ -44,18 +39,12 @@ from processors.ledger import (
     JobOutcome,
     JobRunning,
     JobSucceeded,
-    JobUpdate,
-    Poll,
-    ReconcileFinished,
+    Policy,
     ReconcileOutcome,
-    RequestCancel,
-    Submit,
     Success,
-    Sweep,
     TimedOut,
 )
-from processors.ledger.governance import SwitchEvent
-from processors.ports import CallPort, Clock, SystemClock
+from processors.ports import Admitted, Clock, SystemClock
 from processors.tools import manifest as tools
 from processors.tools.manifest import (
     EffectClass,
@@ -68,13 +57,10 @@ from processors.tools.manifest import (
 )
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
-from processors.tracing import set_call_attributes, stage
-from schemas.calls import ANY
+from processors.tracing import stage
 from schemas.canonical import CanonicalJsonError, canonical_json, digest_of_canonical
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
-    ApprovalDenied,
-    ApprovalGranted,
     Envelope,
     Event,
     FailureDisposition,
@@ -86,7 +72,7 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.governance import approval_id_for, disabled_error
+from schemas.governance import approval_id_for
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
 
 log = logging.getLogger("toolledger.executor")
@@ -94,14 +80,6 @@ log = logging.getLogger("toolledger.executor")
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 DEFAULT_MAX_RESULT_BYTES = 512 << 10  # well under Kafka's default 1 MiB record limit
 DEFAULT_APPROVAL_REQUEST_TTL = timedelta(hours=24)
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    tool: Tool
-    arguments: BaseModel
-    context: CallContext
-    redacted_json: str
 
 
 Authorizer = Callable[[ToolCallRequested, Tool], ErrorInfo | None]
@@ -215,62 +193,40 @@ class Stages:
             return reject(
                 ErrorCode.VALIDATION_FAILED, f"The arguments have no canonical form: {exc}"
             )
-        context = CallContext.of(env).model_copy(
-            update={"tool_version": tool.version, "args_digest": digest_of_canonical(canonical)}
+        context = CallContext.of(
+            env, tool_version=tool.version, args_digest=digest_of_canonical(canonical)
         )
         return Admitted(tool, arguments, context, redacted)
 
     # -- the driver: one intent, from decision to final outcome -------------------------------
 
-    async def run_intent(self, intent: ToolCallRequested, port: CallPort) -> None:
-        env = intent.envelope
-        with tracing.traced_run("intent", port, env) as run:
-            with stage("admit", tenant=env.tenant_id, tool=env.tool) as span:
-                admitted = self.admit(intent)
-                if isinstance(admitted, ToolCallRejected):
-                    tracing.record(span, tracing.event_outcome(admitted))
-            if isinstance(admitted, ToolCallRejected):
-                await run.commit([admitted], final=True)
-                return
-            ctx = admitted.context
-            set_call_attributes(run.span, ctx)
-            if not admitted.tool.keyed:
-                disabled = _switched_off(run, ctx)
-                if disabled is not None:  # nothing to replay for a read: refused outright
-                    refused = ToolCallRejected(
-                        envelope=ctx.envelope(f"{ctx.intent_id}/rejected/1", env.occurred_at),
-                        error=disabled,
-                    )
-                    await run.commit([refused], final=True)
-                    return
-                await run.commit([await self._run_read_only(admitted)], final=True)
-                return
-            decision = tracing.traced_decide(
-                run.state(ctx.call_key),
-                Submit(
-                    context=ctx,
-                    arguments_redacted_json=admitted.redacted_json,
-                    policy=self.registry.policy(admitted.tool),
-                    now=env.occurred_at,
-                    epoch=run.epoch,
-                    gate=self._gate(intent, admitted, run),
-                    approvals=run.approvals(ctx.call_key),
-                ),
-                ctx,
-            )
-            await self._drive(admitted, decision, run, by_intent=True)
+    # -- what the core reads of the tools ---------------------------------------------------
 
-    def _gate(self, intent: ToolCallRequested, admitted: Admitted, port: CallPort) -> Gate:
+    def tool(self, name: str) -> Tool | None:
+        return self.registry.get(name)
+
+    def tools(self) -> Sequence[Tool]:
+        return list(self.registry)
+
+    def policy(self, tool: Tool) -> Policy:
+        return self.registry.policy(tool)
+
+    def backoff_s(self, tool: Tool, round_attempt: int) -> float:
+        """The wait before attempt ``round_attempt`` (>= 2) of a round, with full jitter."""
+        return tool.retry.backoff_s(round_attempt, self.rng.random())
+
+    def gate(
+        self, intent: ToolCallRequested, admitted: Admitted, disabled: ErrorInfo | None
+    ) -> Gate:
         """Kill switch and approval, for the core to apply after the idempotency decision."""
         tool, ctx = admitted.tool, admitted.context
-        disabled = _switched_off(port, ctx)
         try:
             needs_approval = tool.needs_approval(admitted.arguments)
         except Exception:  # a broken rule must not let an unapproved call through
             log.exception("approval rule failed; approval required", extra={"tool": tool.name})
             needs_approval = True
         if not needs_approval:
-            return Gate(disabled=disabled)
+            return Gate(disabled=disabled) if disabled is not None else _OPEN
         return Gate(
             disabled=disabled,
             approval=ApprovalGate(
@@ -295,96 +251,18 @@ class Stages:
             )
             return canonical_json(fallback.to_json())
 
-    async def run_approval_decision(
-        self, decision: ApprovalGranted | ApprovalDenied, port: CallPort
-    ) -> None:
-        """An operator approved or denied a request; answered with the event or a refusal."""
-        env = decision.envelope
-        with tracing.traced_run("approval_decision", port, env, decision=decision.TYPE) as run:
-            if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
-                await run.commit(
-                    [_refusal(env, "The decision's call key does not match it.")], final=True
-                )
-                return
-            outcome = tracing.traced_decide(
-                None, DecideApproval(decision, run.approvals(env.call_key))
-            )
-            await run.commit(outcome.events, final=True)
-
-    async def run_door_refusal(self, refusal: ToolCallRejected, port: CallPort) -> None:
-        """A refusal the front door gave itself (rate limit, switch, run budget, scope): into
-        the audit trail as it is. A rejection changes no call state: the key stays unused."""
-        env = refusal.envelope
-        with tracing.traced_run("door_refusal", port, env) as run:
-            consistent = (
-                env.call_key == str(CallKey(env.tenant_id, env.tool, env.idempotency_key))
-                and env.event_id == f"{env.intent_id}/rejected/1"
-            )
-            if not consistent:  # never recorded under another call's key
-                log.warning("a front-door refusal with a foreign call key was dropped")
-            await run.commit([refusal] if consistent else [], final=True)
-
-    async def run_switch(self, change: SwitchEvent, port: CallPort, partition: int) -> None:
-        with tracing.traced_run("switch", port, change.envelope, partition=partition) as run:
-            await run.commit(
-                tracing.traced_decide(None, ChangeSwitch(change, partition)).events, final=True
-            )
-
-    async def run_job_report(self, report: ToolCallJobReported, port: CallPort) -> None:
-        """The job of a long-running call reports (``POST /v1/calls/{id}/job``): decided by
-        the core in the key's partition, in order with the sweeper's polls, so the first word
-        that finishes the job wins and any later one is refused."""
-        env = report.envelope
-        with tracing.traced_run("job_report", port, env) as run:
-            located = self._job_call(report, run)
-            if isinstance(located, ToolCallRejected):
-                await run.commit([located], final=True)
-                return
-            tool, state, ctx = located
-            outcome = self._reported(tool, report)
-            if isinstance(outcome, ToolCallRejected):
-                await run.commit([outcome], final=True)
-                return
-            update = JobUpdate(
-                context=ctx,
-                outcome=outcome,
-                source="report",
-                by_intent=True,
-                policy=self.registry.policy(tool),
-                now=env.occurred_at,
-            )
-            await run.commit(tracing.traced_decide(state, update, ctx).events, final=True)
-
-    async def run_job_cancel(self, request: ToolCallJobCancelRequested, port: CallPort) -> None:
-        """``POST /v1/calls/{id}/job/cancel``: the core decides whether the tool's ``cancel``
-        may be called; once it returned, the call ends FAILED_FINAL with CANCELLED."""
-        env = request.envelope
-        with tracing.traced_run("job_cancel", port, env) as run:
-            located = self._job_call(request, run)
-            if isinstance(located, ToolCallRejected):
-                await run.commit([located], final=True)
-                return
-            tool, state, ctx = located
-            ask = RequestCancel(
-                context=ctx, can_cancel=tool.cancel is not None, now=env.occurred_at
-            )
-            decision = tracing.traced_decide(state, ask, ctx)
-            admitted = Admitted(tool, tool.arguments.model_construct(), ctx, "{}")
-            await self._drive(admitted, decision, run, by_intent=True)
-
-    def _job_call(
-        self, record: ToolCallJobReported | ToolCallJobCancelRequested, port: CallPort
-    ) -> tuple[Tool, CallState | None, CallContext] | ToolCallRejected:
-        """The tool, the call's state and the context the answer is stamped with: the call's
-        own (its digest, its tool version) under the record's intent id."""
+    def job_call(
+        self, record: ToolCallJobReported | ToolCallJobCancelRequested, state: CallState | None
+    ) -> tuple[Tool, CallContext] | ToolCallRejected:
+        """The tool and the context a job record's answer is stamped with: the call's own
+        (its digest, its tool version) under the record's intent id."""
         env = record.envelope
         if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
-            return _refusal(env, "The job record's call key does not match it.")
+            return refusal(env, "The job record's call key does not match it.")
         tool = self.registry.get(env.tool)
         if tool is None or tool.effect is not EffectClass.LONG_RUNNING:
             refused = ErrorInfo.of(ErrorCode.JOB_NOT_FOUND, "This call has no job.")
-            return _refusal(env, refused.message, refused)
-        state = port.state(env.call_key)
+            return refusal(env, refused.message, refused)
         ctx = CallContext.of(env)
         if state is not None:
             ctx = state.context.model_copy(
@@ -394,9 +272,12 @@ class Stages:
                     "trace_id": env.trace_id,
                 }
             )
-        return tool, state, ctx
+        return tool, ctx
 
-    def _reported(self, tool: Tool, report: ToolCallJobReported) -> JobOutcome | ToolCallRejected:
+    def job_outcome(
+        self, tool: Tool, report: ToolCallJobReported
+    ) -> JobOutcome | ToolCallRejected:
+        """What a job's own report says, or its refusal (a result its model rejects)."""
         if report.status is JobStatus.RUNNING:
             return JobRunning(report.progress)
         if report.status is JobStatus.CANCELLED:
@@ -409,135 +290,13 @@ class Stages:
             result = tool.result.model_validate(json.loads(report.result_json or "null"))
             return JobSucceeded(canonical_json(result.model_dump(mode="json")))
         except (ValueError, ValidationError, CanonicalJsonError):
-            return _refusal(
+            return refusal(
                 report.envelope, f"The reported result does not match {tool.name}'s result model."
             )
 
-    async def run_sweep(self, call_key: str, port: CallPort) -> None:
-        """Background reconcile of an UNKNOWN key (no caller, no arguments needed)."""
-        with tracing.traced_run("sweep", port, None) as run:
-            state = run.state(call_key)
-            tool = self.registry.get(state.context.tool) if state else None
-            if state is None or tool is None:
-                return
-            set_call_attributes(run.span, state.context)
-            sweep = Sweep(policy=self.registry.policy(tool), now=self.clock.now())
-            decision = tracing.traced_decide(state, sweep)
-            admitted = Admitted(tool, tool.arguments.model_construct(), state.context, "{}")
-            await self._drive(admitted, decision, run, by_intent=False)
+    # -- the effects: each runs a tool's code and returns what happened, as data --------------
 
-    async def run_expiry(self, call_key: str, port: CallPort) -> None:
-        """A finished key whose retention may have passed: the core decides, by this
-        executor's clock; the expiry is recorded on the log, so every replay agrees."""
-        with tracing.traced_run("expire", port, None) as run:
-            state, book = run.state(call_key), run.approvals(call_key)
-            # a key with a call, or one that only had approval requests
-            context = state.context if state is not None else book.context if book else None
-            tool = self.registry.get(context.tool) if context is not None else None
-            if tool is None:
-                return
-            expire = Expire(policy=self.registry.policy(tool), now=self.clock.now(), approvals=book)
-            await run.commit(tracing.traced_decide(state, expire).events, final=True)
-
-    async def _drive(
-        self,
-        admitted: Admitted,
-        decision: Decision,
-        port: CallPort,
-        *,
-        by_intent: bool,
-    ) -> None:
-        tool, ctx = admitted.tool, admitted.context
-        while True:
-            # Executor invariant: the Started event is durable (and the commit not fenced)
-            # before the handler runs; a commit that raises ends the loop without running it.
-            await port.commit(decision.events, final=decision.action is None)
-            action = decision.action
-            if action is None:
-                return
-            state = port.state(ctx.call_key)
-            if isinstance(action, Execute):
-                if action.round_attempt > 1:
-                    await asyncio.sleep(
-                        tool.retry.backoff_s(action.round_attempt, self.rng.random())
-                    )
-                started = self.clock.monotonic()
-                outcome = await self._attempt(admitted, action.attempt)
-                duration_ms = int((self.clock.monotonic() - started) * 1000)
-                decision = tracing.traced_decide(
-                    state,
-                    AttemptFinished(
-                        context=ctx,
-                        attempt=action.attempt,
-                        outcome=outcome,
-                        duration_ms=duration_ms,
-                        arguments_redacted_json=admitted.redacted_json,
-                        policy=self.registry.policy(tool),
-                        now=self.clock.now(),
-                        epoch=port.epoch,
-                    ),
-                    ctx,
-                )
-            elif isinstance(action, Poll):
-                assert state is not None
-                polled = await self._poll(tool, state)
-                decision = tracing.traced_decide(
-                    state,
-                    JobUpdate(
-                        context=ctx,
-                        outcome=polled,
-                        source="poll",
-                        by_intent=False,
-                        policy=self.registry.policy(tool),
-                        now=self.clock.now(),
-                    ),
-                    ctx,
-                )
-            elif isinstance(action, Cancel):
-                assert state is not None and state.job is not None
-                try:
-                    await self._cancel(tool, state)
-                except Exception as exc:
-                    log.warning(
-                        "cancel failed",
-                        extra={"tool": tool.name, "exception": type(exc).__name__},
-                    )
-                    failed = ErrorInfo.of(
-                        ErrorCode.INTERNAL,
-                        f"The job's cancel raised {type(exc).__name__}: it may still run.",
-                    )
-                    decision = Decision((_rejected(ctx, self.clock.now(), failed),))
-                    continue
-                decision = tracing.traced_decide(
-                    state,
-                    JobUpdate(
-                        context=ctx,
-                        outcome=JobCancelled(),
-                        source="cancel",
-                        by_intent=True,
-                        policy=self.registry.policy(tool),
-                        now=self.clock.now(),
-                    ),
-                    ctx,
-                )
-            else:
-                found = await self._reconcile(tool, ctx, action.reconcile_attempt)
-                decision = tracing.traced_decide(
-                    state,
-                    ReconcileFinished(
-                        context=ctx,
-                        outcome=found,
-                        by_intent=by_intent,
-                        arguments_redacted_json=admitted.redacted_json,
-                        policy=self.registry.policy(tool),
-                        now=self.clock.now(),
-                        epoch=port.epoch,
-                        gate=Gate(disabled=_switched_off(port, ctx) if by_intent else None),
-                    ),
-                    ctx,
-                )
-
-    async def _poll(self, tool: Tool, state: CallState) -> JobOutcome:
+    async def poll(self, tool: Tool, state: CallState) -> JobOutcome:
         """The tool's answer about the call's job; a poll that fails or answers something
         that is not an answer learns nothing (the job is asked again later)."""
         assert tool.poll is not None and state.job is not None
@@ -568,12 +327,23 @@ class Stages:
             return JobFailed(normalised.error)
         return JobSucceeded(normalised.result_json)
 
-    async def _cancel(self, tool: Tool, state: CallState) -> None:
+    async def cancel(self, tool: Tool, state: CallState) -> ErrorInfo | None:
         assert tool.cancel is not None and state.job is not None
         ref = JobRef(job_id=state.job.id, progress=state.job.progress)
-        with stage("cancel", state.context, job_id=state.job.id):
-            async with asyncio.timeout(tool.timeout_s):
-                await tool.cancel(ref, self._tool_context(tool, state.context, 0))
+        try:
+            with stage("cancel", state.context, job_id=state.job.id):
+                async with asyncio.timeout(tool.timeout_s):
+                    await tool.cancel(ref, self._tool_context(tool, state.context, 0))
+        except asyncio.CancelledError:
+            if _really_cancelled():
+                raise
+            return _cancel_failed("CancelledError")
+        except Exception as exc:
+            log.warning(
+                "cancel failed", extra={"tool": tool.name, "exception": type(exc).__name__}
+            )
+            return _cancel_failed(type(exc).__name__)
+        return None
 
     def _tool_context(self, tool: Tool, ctx: CallContext, attempt: int) -> ToolContext:
         return ToolContext(
@@ -587,11 +357,12 @@ class Stages:
             deadline=self.clock.now() + timedelta(seconds=tool.timeout_s),
         )
 
-    async def _attempt(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
+    async def execute(self, admitted: Admitted, attempt: int) -> tuple[AttemptOutcome, float]:
+        started = self.clock.monotonic()
         with stage("execute", admitted.context, attempt=attempt) as span:
             outcome = await self._run_handler(admitted, attempt)
             tracing.record(span, tracing.attempt_outcome(outcome))
-        return outcome
+        return outcome, (self.clock.monotonic() - started) * 1000.0
 
     async def _run_handler(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
         tool = admitted.tool
@@ -624,7 +395,7 @@ class Stages:
             )
             return TimedOut(f"{tool.name} returned a result that does not match its model.")
 
-    async def _reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
+    async def reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome:
         with stage("reconcile", ctx, reconcile_attempt=n) as span:
             found = await self._query_downstream(tool, ctx, n)
             tracing.record(span, tracing.reconcile_outcome(found))
@@ -650,12 +421,11 @@ class Stages:
         except Exception as exc:
             return Inconclusive(f"reconcile query {n} raised {type(exc).__name__}")
 
-    async def _run_read_only(self, admitted: Admitted) -> Event:
+    async def read_only(self, admitted: Admitted) -> Event:
+        """A read: run once, its outcome recorded as it is (no key, no state, no retry)."""
         ctx = admitted.context
-        started = self.clock.monotonic()
         with stage("read_only", ctx):
-            outcome = await self._attempt(admitted, 1)
-        duration_ms = int((self.clock.monotonic() - started) * 1000)
+            outcome, duration_ms = await self.execute(admitted, 1)
         env = ctx.envelope
         if isinstance(outcome, Success):
             return ToolCallSucceeded(
@@ -663,7 +433,7 @@ class Stages:
                 attempt=1,
                 result_json=outcome.result_json,
                 downstream_request_id=outcome.downstream_request_id,
-                duration_ms=duration_ms,
+                duration_ms=int(duration_ms),
             )
         error = (
             outcome.error
@@ -679,26 +449,29 @@ class Stages:
             error=error,
             disposition=FailureDisposition.FINAL,
             fingerprint="",
-            duration_ms=duration_ms,
+            duration_ms=int(duration_ms),
         )
 
 
-def _switched_off(port: CallPort, ctx: CallContext) -> ErrorInfo | None:
-    switch = port.disabled(ctx.tenant_id, ctx.tool)
-    if switch is None:
-        return None
-    return disabled_error(switch.tenant_id == ANY, switch.tool == ANY, ctx.tool, switch.reason)
+_OPEN = Gate()
 
 
-def _refusal(env: Envelope, message: str, error: ErrorInfo | None = None) -> ToolCallRejected:
+def refusal(env: Envelope, message: str, error: ErrorInfo | None = None) -> ToolCallRejected:
+    """A record refused as it is (its own envelope, the refusal's event id)."""
     return ToolCallRejected(
         envelope=env.model_copy(update={"event_id": f"{env.intent_id}/rejected/1"}),
         error=error or ErrorInfo.of(ErrorCode.VALIDATION_FAILED, message),
     )
 
 
-def _rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallRejected:
+def rejected(ctx: CallContext, now: datetime, error: ErrorInfo) -> ToolCallRejected:
     return ToolCallRejected(envelope=ctx.envelope(f"{ctx.intent_id}/rejected/1", now), error=error)
+
+
+def _cancel_failed(exception: str) -> ErrorInfo:
+    return ErrorInfo.of(
+        ErrorCode.INTERNAL, f"The job's cancel raised {exception}: it may still run."
+    )
 
 
 def _job_accepted(returned: BaseModel | HandlerResult) -> JobAccepted:
@@ -753,8 +526,3 @@ def scope_check(intent: ToolCallRequested, tool: Tool) -> ErrorInfo | None:
             f"{tool.name} needs the scope(s) {missing}, which this caller lacks.",
         )
     return None
-
-
-def reconcile_found(value: BaseModel, downstream_request_id: str | None = None) -> Found:
-    """Helper for reconcile hooks: the downstream has the effect, with this result."""
-    return Found(canonical_json(value.model_dump(mode="json")), downstream_request_id)

@@ -1,59 +1,65 @@
-"""The ports: what the executor stages, the partition worker and the runtimes share.
+"""The ports: what the executor core, the tool stages and the runtimes share.
 
-Types only (protocols and plain data), no I/O: the stages (:mod:`processors.pipeline`) and
-their tracing (:mod:`processors.tracing`) talk to a runtime through a :class:`CallPort`; the
-partition worker (:mod:`processors.runtime.partition`) talks to its durable store through a
-:class:`PartitionStore`, which starts it from a :class:`Snapshot`, reads :class:`KeyEntry` s
-and writes one :class:`CommitBatch` per atomic commit. Each runtime (embedded SQLite, Kafka)
-implements these; nothing here knows which one runs.
+Types only (protocols and plain data), no I/O. The executor core
+(:mod:`processors.executor`) decides a batch at a time; it meets
 
-See docs/architecture.md#the-executor-invariant for what a commit must guarantee.
+* the tool stages (:mod:`processors.pipeline`) through :class:`ToolStages`: admission, the
+  approval gate, and the effects (handler, reconcile, poll, cancel), each returning its outcome
+  as data;
+* its durable state through a :class:`StateStore`: synchronous reads (the start's
+  :class:`Snapshot`, a key's :class:`KeyEntry`, the keys whose retention may have passed);
+* its runtime through one function, ``write(batch)``, which makes a :class:`CommitBatch`
+  durable in one atomic write or raises.
+
+Each runtime (embedded SQLite, Kafka) implements the store and the write; nothing here knows
+which one runs. See docs/architecture.md#the-executor-invariant for what a write must
+guarantee.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from processors.ledger import CallState
+from pydantic import BaseModel
+
+from processors.ledger import (
+    AttemptOutcome,
+    CallContext,
+    CallState,
+    Gate,
+    JobOutcome,
+    Policy,
+    ReconcileOutcome,
+)
 from processors.ledger.governance import ApprovalBook, Switch
-from schemas.events import Event
+from schemas.errors import ErrorInfo
+from schemas.events import (
+    Event,
+    ToolCallJobCancelRequested,
+    ToolCallJobReported,
+    ToolCallRejected,
+    ToolCallRequested,
+)
+
+if TYPE_CHECKING:
+    from processors.tools.manifest import Tool
 
 __all__ = [
-    "CallPort",
+    "Admitted",
     "Clock",
     "CommitBatch",
     "DeadLetter",
     "KeyEntry",
-    "PartitionStore",
     "Snapshot",
+    "StateStore",
     "SystemClock",
+    "ToolStages",
+    "Write",
 ]
-
-# -- the stages' side: one call port per input record ------------------------------------------
-
-
-class CallPort(Protocol):
-    """What the stages need from a runtime, for the call keys of one partition."""
-
-    epoch: int
-
-    def state(self, call_key: str) -> CallState | None: ...
-
-    def approvals(self, call_key: str) -> ApprovalBook | None: ...
-
-    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
-        """The kill switch that keeps ``tool`` off for ``tenant_id``, if one is in force."""
-
-    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
-        """Durably append ``events`` (and the states they lead to) or raise.
-
-        ``final`` marks the last commit for the current input record, so its position may
-        be committed with it.
-        """
 
 
 class Clock(Protocol):
@@ -70,7 +76,58 @@ class SystemClock:
         return time.monotonic()
 
 
-# -- the store's side: one partition store per owned partition ---------------------------------
+# -- the tool stages' side --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An intent that passed parse, validation and authorisation (admitted once)."""
+
+    tool: Tool
+    arguments: BaseModel  # the tool's validated argument model
+    context: CallContext  # with the tool version and the args digest
+    redacted_json: str  # the arguments as the audit trail keeps them
+
+
+class ToolStages(Protocol):
+    """What the executor core asks of the tools: everything that reads a tool or runs one."""
+
+    def admit(self, intent: ToolCallRequested) -> Admitted | ToolCallRejected: ...
+
+    def tool(self, name: str) -> Tool | None: ...
+
+    def tools(self) -> Sequence[Tool]: ...
+
+    def policy(self, tool: Tool) -> Policy: ...
+
+    def gate(
+        self, intent: ToolCallRequested, admitted: Admitted, disabled: ErrorInfo | None
+    ) -> Gate: ...
+
+    def backoff_s(self, tool: Tool, round_attempt: int) -> float: ...
+
+    async def execute(self, admitted: Admitted, attempt: int) -> tuple[AttemptOutcome, float]:
+        """Run the handler once; the outcome and its duration in milliseconds."""
+
+    async def reconcile(self, tool: Tool, ctx: CallContext, n: int) -> ReconcileOutcome: ...
+
+    async def poll(self, tool: Tool, state: CallState) -> JobOutcome: ...
+
+    async def cancel(self, tool: Tool, state: CallState) -> ErrorInfo | None:
+        """Call the tool's cancel; the error when it failed (the job may still run)."""
+
+    async def read_only(self, admitted: Admitted) -> Event: ...
+
+    def job_outcome(
+        self, tool: Tool, report: ToolCallJobReported
+    ) -> JobOutcome | ToolCallRejected: ...
+
+    def job_call(
+        self, record: ToolCallJobReported | ToolCallJobCancelRequested, state: CallState | None
+    ) -> tuple[Tool, CallContext] | ToolCallRejected: ...
+
+
+# -- the store's side -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,53 +140,76 @@ class KeyEntry:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    offset: int
+    """An input record that cannot be decided: kept with the reason, never executed."""
+
+    partition: int
+    offset: int | None
     reason: str
     value: bytes
 
 
 @dataclass(slots=True)
 class CommitBatch:
-    """What a partition worker hands its store in one atomic write."""
+    """What the executor hands its runtime in one atomic write."""
 
-    partition: int
     events: list[Event] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)  # the log partition of each event
     states: dict[str, CallState] = field(default_factory=dict)
-    next_offset: int | None = None  # input position after this batch; None: unchanged
-    dead_letters: list[DeadLetter] = field(default_factory=list)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)
-    switches: dict[str, Switch] = field(default_factory=dict)
-    # offsets past next_offset answered with a refusal (None: unchanged since the last batch)
-    refused: list[int] | None = None
+    switches: dict[tuple[int, str], Switch] = field(default_factory=dict)  # (partition, key)
     expired: set[str] = field(default_factory=set)  # keys forgotten: state and book deleted
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    positions: dict[int, int] = field(default_factory=dict)  # input position per partition
+    # offsets past a partition's position answered with a refusal (only when they changed)
+    refused: dict[int, list[int]] = field(default_factory=dict)
+    # the raw intents of calls that opened an approval request: the decider sees their
+    # arguments (a runtime whose intents stream keeps them anyway may ignore these)
+    approval_intents: list[ToolCallRequested] = field(default_factory=list)
+
+    def add(self, event: Event, partition: int) -> None:
+        self.events.append(event)
+        self.partitions.append(partition)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.events
+            or self.states
+            or self.approvals
+            or self.switches
+            or self.expired
+            or self.dead_letters
+            or self.positions
+            or self.refused
+        )
+
+
+Write = Callable[[CommitBatch], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class Snapshot:
-    """What a partition's executor holds from its start: the unresolved calls (PENDING,
-    UNKNOWN) with their books, every switch and the refused offsets. Any other key's state
-    is read from the store when the key is used."""
+    """What an executor holds from its start: the unresolved calls (PENDING, UNKNOWN) with
+    their books, every switch, and per partition the input position and the refused offsets.
+    Any other key's entry is read from the store when the key is used."""
 
     states: dict[str, CallState] = field(default_factory=dict)
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
-    refused: frozenset[int] = frozenset()
+    positions: dict[int, int] = field(default_factory=dict)
+    refused: dict[int, frozenset[int]] = field(default_factory=dict)
 
 
-class PartitionStore(Protocol):
-    """A partition's durable state, as its worker uses it (one store per owned partition)."""
+class StateStore(Protocol):
+    """An executor's durable state, read synchronously (a local SQLite file, or memory)."""
 
-    async def load(self, partition: int) -> Snapshot:
-        """What the worker holds from its start (see :class:`Snapshot`)."""
+    def load(self) -> Snapshot:
+        """What the executor holds from its start (see :class:`Snapshot`)."""
 
-    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
-        """The stored entries of ``keys``, as of the last commit that returned."""
+    def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        """The stored entries of ``keys``, as of the last write that returned."""
 
-    async def due(
+    def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
         """Keys of ``tool`` settled at or before ``settled_before`` (epoch seconds), oldest
         first, after the cursor ``after``: those whose retention may have passed."""
-
-    async def commit(self, batch: CommitBatch) -> None:
-        """Write the batch atomically, or raise (e.g. fenced by a newer owner)."""

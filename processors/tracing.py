@@ -4,8 +4,9 @@ Each stage of a call (admit, decide, execute, reconcile, commit, read_only) runs
 ``stage(...)``, a span named ``toolledger.<stage>`` that carries the call's identifying
 attributes (tenant, tool, version, idempotency key, call id, intent and run ids) and, once
 known, its outcome (status, attempts, downstream request id, error code). A whole run (an
-intent, a decision, a switch, a sweep, an expiry) is one span (``traced_run``) around its
-stages, which records the outcome of the last event the run committed.
+intent, a decision, a switch, a sweep, an expiry) is one span (:class:`Run`) around its
+stages, across the executor's decision passes; it records the outcome of the last event the
+run committed.
 
 Spans never carry tool arguments, results or the principal, and a failing stage records only
 the exception's type and frames, never its message (a validation error's message quotes the
@@ -27,14 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from processors.ledger import (
     AttemptOutcome,
     CallContext,
-    CallState,
-    Command,
-    Decision,
     Failure,
     Found,
     FoundFailed,
@@ -42,10 +41,7 @@ from processors.ledger import (
     ReconcileOutcome,
     Success,
     TimedOut,
-    decide,
 )
-from processors.ledger.governance import ApprovalBook, Switch
-from processors.ports import CallPort
 from schemas.errors import ErrorCode
 from schemas.events import (
     ApprovalRequested,
@@ -70,19 +66,18 @@ if TYPE_CHECKING:
 __all__ = [
     "TRACER_NAME",
     "Outcome",
-    "TracedPort",
+    "Run",
     "attempt_outcome",
     "call_attributes",
     "configure_tracing",
     "envelope_attributes",
     "event_outcome",
+    "open_run",
     "reconcile_outcome",
     "record",
     "record_outcome",
     "set_call_attributes",
     "stage",
-    "traced_decide",
-    "traced_run",
     "tracing_enabled",
     "use_tracer_provider",
 ]
@@ -189,10 +184,13 @@ def stage(
 
 @contextmanager
 def _stage(
-    name: str, ctx: CallContext | None, attributes: dict[str, str | int | bool | None]
+    name: str,
+    ctx: CallContext | None,
+    attributes: dict[str, str | int | bool | None],
+    parent: Context | None = None,
 ) -> Iterator[Span]:
     with _tracer().start_as_current_span(
-        _PREFIX + name, record_exception=False, set_status_on_exception=False
+        _PREFIX + name, context=parent, record_exception=False, set_status_on_exception=False
     ) as span:
         if span.is_recording():
             if ctx is not None:
@@ -352,52 +350,68 @@ def record(span: Span, outcome: Outcome | None) -> None:
         )
 
 
-class TracedPort:
-    """The port of one traced run: spans each commit and keeps the last outcome committed."""
+class Run:
+    """A traced run (an intent, an operator's decision, a switch, a sweep, an expiry) across
+    the decision passes it takes: a span ``toolledger.<name>`` whose children are its stages
+    (``admit``, ``decide``, ``commit`` for each decision's events, ``execute``...), ended
+    once its last events are written, with the outcome of the last of them.
 
-    __slots__ = ("_port", "epoch", "outcome", "span")
+    Only made while tracing is on (:func:`open_run` returns None otherwise): the executor pays
+    one check per run when it is off."""
 
-    def __init__(self, port: CallPort, span: Span) -> None:
-        self._port = port
-        self.epoch = port.epoch
+    __slots__ = ("_context", "outcome", "span")
+
+    def __init__(self, span: Span) -> None:
         self.span = span
+        self._context = trace.set_span_in_context(span)
         self.outcome: Outcome | None = None
 
-    def state(self, call_key: str) -> CallState | None:
-        return self._port.state(call_key)
+    def stage(
+        self, name: str, ctx: CallContext | None = None, **attributes: str | int | bool | None
+    ) -> AbstractContextManager[Span]:
+        """A child stage span, current inside the block (for what it calls)."""
+        return _stage(name, ctx, attributes, self._context)
 
-    def approvals(self, call_key: str) -> ApprovalBook | None:
-        return self._port.approvals(call_key)
-
-    def disabled(self, tenant_id: str, tool: str) -> Switch | None:
-        return self._port.disabled(tenant_id, tool)
-
-    async def commit(self, events: Sequence[Event], *, final: bool) -> None:
-        with stage("commit", events=len(events)) as span:
-            if span.is_recording():
-                span.set_attribute("toolledger.event_types", ",".join(e.TYPE for e in events))
-            await self._port.commit(events, final=final)
-        if not self.span.is_recording():
-            return
+    def commit(self, events: Sequence[Event]) -> Span:
+        """A ``commit`` span for one decision's events, started now; :meth:`written` ends it
+        once the batch holding them is durable."""
+        span = _tracer().start_span(_PREFIX + "commit", context=self._context)
+        if span.is_recording():
+            span.set_attribute("toolledger.events", len(events))
+            span.set_attribute("toolledger.event_types", ",".join(e.TYPE for e in events))
         for event in events:
             self.outcome = event_outcome(event) or self.outcome
+        return span
+
+    @contextmanager
+    def current(self) -> Iterator[None]:
+        """The run's span as the current one (a task started inside inherits it)."""
+        with trace.use_span(self.span, end_on_exit=False):
+            yield
+
+    def set_call(self, ctx: CallContext) -> None:
+        set_call_attributes(self.span, ctx)
+
+    def end(self) -> None:
+        record(self.span, self.outcome)
+        self.span.end()
 
 
-@contextmanager
-def traced_run(
-    name: str, port: CallPort, env: Envelope | None, **extra: str | int | None
-) -> Iterator[TracedPort]:
-    """A span ``toolledger.<name>`` around a run of the record with envelope ``env`` (None: a
-    sweep), with the outcome of the events it committed."""
-    attributes: dict[str, str | int | None] = {}
-    if tracing_enabled():
-        attributes = (envelope_attributes(env) if env is not None else {}) | extra
-    with stage(name, None, **attributes) as span:
-        run = TracedPort(port, span)
-        try:
-            yield run
-        finally:
-            record(span, run.outcome)
+def open_run(name: str, env: Envelope | None, **extra: str | int | None) -> Run | None:
+    """A :class:`Run` named ``toolledger.<name>`` for the record with envelope ``env`` (None:
+    a sweep or an expiry), or None while tracing is off."""
+    if not tracing_enabled():
+        return None
+    attributes = (envelope_attributes(env) if env is not None else {}) | extra
+    span = _tracer().start_span(_PREFIX + name, context=trace.set_span_in_context(INVALID))
+    if span.is_recording():
+        for key, value in attributes.items():
+            if value is not None:
+                span.set_attribute(key if "." in key else _PREFIX + key, value)
+    return Run(span)
+
+
+INVALID = trace.INVALID_SPAN
 
 
 def envelope_attributes(env: Envelope) -> dict[str, str | int | None]:
@@ -408,13 +422,6 @@ def envelope_attributes(env: Envelope) -> dict[str, str | int | None]:
         "idempotency_key": env.idempotency_key or None,
         "intent_id": env.intent_id,
     }
-
-
-def traced_decide(
-    state: CallState | None, command: Command, ctx: CallContext | None = None
-) -> Decision:
-    with stage("decide", ctx, command=type(command).__name__):
-        return decide(state, command)
 
 
 def attempt_outcome(outcome: AttemptOutcome) -> Outcome:

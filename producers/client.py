@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +39,13 @@ from schemas.events import (
     ToolCallSucceeded,
 )
 from schemas.governance import token_digest
-from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.keys import (
+    CallKey,
+    InvalidIdempotencyKey,
+    call_id_for,
+    check_idempotency_key,
+    random_id,
+)
 from schemas.status import CallStatus
 
 DEFAULT_WAIT_S = 10.0
@@ -186,7 +191,7 @@ class LedgerClient:
         """
         key = idempotency_key or ""
         call_key = str(CallKey(context.tenant_id, tool, key))
-        intent_id = uuid.uuid4().hex
+        intent_id = random_id()
         call_id = call_id_for(call_key, key, intent_id)
         if idempotency_key is not None:
             try:
@@ -311,7 +316,7 @@ class LedgerClient:
             self.refusals_shed += 1
             return
         key = idempotency_key or ""
-        event_id = f"{uuid.uuid4().hex}/rejected/1"
+        event_id = f"{random_id()}/rejected/1"
         record = ToolCallRejected(
             envelope=_envelope(context, tool, key, event_id, run_id, step_id), error=error
         )
@@ -360,7 +365,7 @@ def job_record(
 ) -> ToolCallJobReported | ToolCallJobCancelRequested:
     """A job's report (``kind="report"``) or cancellation (``"cancel"``) for the intents
     stream, in the partition of the call's key; the executor decides it against the call."""
-    intent_id = uuid.uuid4().hex
+    intent_id = random_id()
     env = _envelope(context, tool, idempotency_key, f"{intent_id}/job-{kind}/1", None, None)
     if kind == "cancel":
         return ToolCallJobCancelRequested(envelope=env)

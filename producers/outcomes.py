@@ -49,6 +49,14 @@ class OutcomeHub:
                 for waiter in self._waiters.get(event.intent_id, ()):
                     waiter.started.set()
 
+    def fail(self, intent_ids: Iterable[str], error: BaseException) -> None:
+        """The intents will not be answered (not durably decided): their callers get
+        ``error`` and may call again with the same key."""
+        for intent_id in intent_ids:
+            for waiter in self._waiters.pop(intent_id, ()):
+                if not waiter.answer.done():
+                    waiter.answer.set_exception(error)
+
     def is_waiting(self, intent_id: str) -> bool:
         return intent_id in self._waiters
 

@@ -52,12 +52,16 @@ def kept_calls_sql(d: Dialect, call_ids: Sequence[str], cutoff: datetime) -> Que
     )
 
 
-def delete_sql(d: Dialect, seqs: Sequence[int], call_ids: Sequence[str]) -> list[Query]:
-    """Delete these events and these calls' rows."""
+def delete_sql(
+    d: Dialect, seqs: Sequence[int], call_ids: Sequence[str], event_tables: Sequence[str]
+) -> list[Query]:
+    """Delete these events (from every table of ``event_tables`` that holds them) and these
+    calls' rows."""
     queries: list[Query] = []
     if seqs:
         marks = ", ".join([d.mark] * len(seqs))
-        queries.append((f"DELETE FROM tool_call_events WHERE seq IN ({marks})", list(seqs)))
+        for table in event_tables:
+            queries.append((f"DELETE FROM {table} WHERE seq IN ({marks})", list(seqs)))
     if call_ids:
         marks = ", ".join([d.mark] * len(call_ids))
         queries.append((f"DELETE FROM tool_calls WHERE call_id IN ({marks})", list(call_ids)))
@@ -109,12 +113,13 @@ def _older(value: Any, boundary: Any) -> bool:
 
 
 Transaction = Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
+_SQLITE_EVENTS = ("audit_events", "events")
 
 
 def prune_sqlite(transaction: Transaction, cutoff: datetime, limit: int = BATCH) -> int:
     """One round on a SQLite read model; returns the events deleted. Each window is read and
     deleted in one ``transaction()`` (a connection inside a write transaction): the embedded
-    ledger hands its own (``SqliteLog.locked_write``), so a window waits its turn behind the
+    ledger hands its own (``SqliteLedger.locked_write``), so a window waits its turn behind the
     writer's transactions in the process. Through a connection of its own it raced them
     through SQLite's busy handler, which a writer committing back to back under load starved
     (every round failed with "database is locked")."""
@@ -129,7 +134,9 @@ def prune_sqlite(transaction: Transaction, cutoff: datetime, limit: int = BATCH)
                 else set()
             )
             step = plan(d, cursor, window, kept, cutoff, limit)
-            for sql, params in delete_sql(d, step.deleted_events, step.deleted_calls):
+            # the embedded file: the audit trail's index and the log's records of the events
+            deletes = delete_sql(d, step.deleted_events, step.deleted_calls, _SQLITE_EVENTS)
+            for sql, params in deletes:
                 conn.execute(sql, params)
         deleted += len(step.deleted_events)
         if step.done:
@@ -166,7 +173,10 @@ async def prune_postgres(dsn: str, cutoff: datetime, limit: int = BATCH) -> int:
                         found = await conn.execute(*kept_calls_sql(d, ids, cutoff))
                         kept = {r["call_id"] for r in await found.fetchall()}
                     step = plan(d, cursor, window, kept, cutoff, limit)
-                    for sql, params in delete_sql(d, step.deleted_events, step.deleted_calls):
+                    deletes = delete_sql(
+                        d, step.deleted_events, step.deleted_calls, ("tool_call_events",)
+                    )
+                    for sql, params in deletes:
                         await conn.execute(sql, params)
                 deleted += len(step.deleted_events)
                 if step.done:

@@ -33,19 +33,10 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from processors.ledger import CallState
+from processors.ledger.rows import CALL_COLUMNS, STATE_SELECT, call_row, state_of_row
 from projections import governance, search
 from projections.dialect import POSTGRES, Query
-from projections.rows import (
-    CALL_COLUMNS,
-    EVENT_COLUMNS,
-    STATE_SELECT,
-    Position,
-    call_row,
-    event_row,
-    expiries,
-    fold_new_events,
-    state_of_row,
-)
+from projections.rows import EVENT_COLUMNS, Position, event_row, expiries, fold_new_events
 from schemas.events import Event
 
 __all__ = [

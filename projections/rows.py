@@ -13,34 +13,13 @@ from datetime import datetime
 from typing import Any
 
 from processors.ledger import CallState, evolve
+from processors.ledger.rows import (
+    holds_nul,
+)
 from schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
-from schemas.keys import call_id_for, call_id_of
+from schemas.keys import call_id_for
 from schemas.topics import Position as Position  # where an event was read (re-exported)
 
-CALL_COLUMNS = (
-    "call_id",
-    "call_key",
-    "tenant_id",
-    "tool_name",
-    "tool_version",
-    "idempotency_key",
-    "args_digest",
-    "status",
-    "result_json",
-    "error_json",
-    "attempts",
-    "rounds",
-    "reconcile_attempts",
-    "run_id",
-    "step_id",
-    "first_intent_id",
-    "last_intent_id",
-    "created_at",
-    "updated_at",
-    "last_event_id",
-    "state_json",
-    "expired_at",  # set when the key expired; a new call with the key clears it
-)
 EVENT_COLUMNS = (
     "event_id",
     "log_partition",
@@ -76,15 +55,9 @@ _SLIM = {"envelope": set(ENVELOPE_COLUMNS)}
 def payload_json(event: Event) -> str:
     """The audit payload: the event as JSON with its ``type`` (outcome events are redacted),
     without the envelope fields its row holds as columns."""
-    whole = _holds_nul(event.envelope, ENVELOPE_COLUMNS)
+    whole = holds_nul(event.envelope, ENVELOPE_COLUMNS)
     body = event.model_dump_json(exclude=None if whole else _SLIM)
     return f'{{"type":"{event.TYPE}",' + body[1:]
-
-
-def _holds_nul(model: object, fields: Iterable[str]) -> bool:
-    """Whether a field its row also stores as a column holds a NUL (then the JSON keeps the
-    whole thing: the column of PostgreSQL text cannot)."""
-    return any("\x00" in (getattr(model, field) or "") for field in fields)
 
 
 def whole_payload(event: Event) -> dict[str, Any]:
@@ -108,99 +81,6 @@ def audit_payload(row: Mapping[str, Any]) -> dict[str, Any]:
             if name in envelope or name in given
         }
     return payload
-
-
-def call_row(call_key: str, state: CallState) -> dict[str, Any]:
-    ctx = state.context
-    return {
-        "call_id": call_id_of(call_key),
-        "call_key": call_key,
-        "tenant_id": ctx.tenant_id,
-        "tool_name": ctx.tool,
-        "tool_version": ctx.tool_version,
-        "idempotency_key": ctx.idempotency_key,
-        "args_digest": ctx.args_digest,
-        "status": state.status.value,
-        "result_json": state.result_json,
-        "error_json": state.error.model_dump_json() if state.error else None,
-        "attempts": state.attempts,
-        "rounds": state.rounds,
-        "reconcile_attempts": state.reconcile_attempts,
-        "run_id": ctx.run_id,
-        "step_id": ctx.step_id,
-        "first_intent_id": state.first_intent_id,
-        "last_intent_id": ctx.intent_id,
-        "created_at": state.created_at,
-        "updated_at": state.updated_at,
-        "last_event_id": state.last_event_id,
-        "state_json": state_json(state),
-        "expired_at": None,
-    }
-
-
-# What a call row's ``state_json`` adds to its columns: the rest of the call state is the
-# row's columns (:data:`STATE_COLUMNS`), so each field is stored once (half of the row at
-# 200-byte arguments) and :func:`state_of_row` folds them back into the state. A context value
-# holding a NUL keeps the whole state, as :func:`payload_json` keeps the whole envelope.
-_STATE_EXTRA: dict[str, Any] = {
-    "context": {"principal", "trace_id"},
-    "round_attempts": True,
-    "job": True,
-    "job_updates": True,
-}
-_CONTEXT_COLUMNS = {
-    "call_key": "call_key",
-    "tenant_id": "tenant_id",
-    "tool": "tool_name",
-    "tool_version": "tool_version",
-    "idempotency_key": "idempotency_key",
-    "args_digest": "args_digest",
-    "intent_id": "last_intent_id",
-    "run_id": "run_id",
-    "step_id": "step_id",
-}
-_STATE_FIELDS = (
-    "status",
-    "first_intent_id",
-    "attempts",
-    "rounds",
-    "reconcile_attempts",
-    "result_json",
-    "created_at",
-    "updated_at",
-    "last_event_id",
-)
-_STATE_TEXTS = ("first_intent_id", "result_json", "last_event_id")
-STATE_COLUMNS = ("state_json", "error_json", *_STATE_FIELDS, *_CONTEXT_COLUMNS.values())
-STATE_SELECT = ", ".join(STATE_COLUMNS)  # what both projectors read of a stored call row
-
-
-def state_json(state: CallState) -> str:
-    """A call row's ``state_json``: the fields of :data:`_STATE_EXTRA` (the whole state when a
-    text its columns hold has a NUL: PostgreSQL's COPY tests this JSON for one)."""
-    if _holds_nul(state.context, _CONTEXT_COLUMNS) or _holds_nul(state, _STATE_TEXTS):
-        return state.model_dump_json()
-    # a field at its default (no job, no trace id) is left out: validation puts it back
-    return state.model_dump_json(include=_STATE_EXTRA, exclude_defaults=True)
-
-
-def state_of_row(row: Mapping[str, Any]) -> CallState:
-    """The call state of a ``tool_calls`` row (its :data:`STATE_COLUMNS`); a row that holds
-    the whole state (written before the columns were left out, or holding a NUL) as it is."""
-    stored: dict[str, Any] = json.loads(row["state_json"])
-    if "status" in stored:
-        return CallState.model_validate(stored)
-    context = {field: row[column] for field, column in _CONTEXT_COLUMNS.items()}
-    context.update(stored.pop("context", {}))
-    error = row["error_json"]
-    return CallState.model_validate(
-        {
-            **{field: row[field] for field in _STATE_FIELDS},
-            **stored,
-            "context": context,
-            "error": None if error is None else json.loads(error),
-        }
-    )
 
 
 def event_row(event: Event, position: Position, *, payload: bool = True) -> dict[str, Any]:

@@ -5,11 +5,11 @@ queries (:meth:`CallReads._fetch`)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from projections.dialect import Dialect, Query
-from projections.rows import ENVELOPE_COLUMNS, Position, audit_payload
+from projections.rows import ENVELOPE_COLUMNS, audit_payload
 from schemas.calls import CallFilter, CallView, Page, encode_cursor
 
 CALL_SELECT = (
@@ -55,22 +55,12 @@ def events_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
     )
 
 
-_EVENT_SELECT = ", ".join(
-    ("payload_json", "log_partition", "log_offset", *ENVELOPE_COLUMNS.values())
-)
+_EVENT_SELECT = ", ".join(("payload_json", *ENVELOPE_COLUMNS.values()))
 
 
-def events_of(
-    rows: Sequence[dict[str, Any]], logged: Mapping[Position, dict[str, Any]]
-) -> list[dict[str, Any]] | None:
-    """The whole events of audit rows; a row without a payload is the log's record at its
-    position (``logged``)."""
-    return [
-        audit_payload(r)
-        if r["payload_json"] is not None
-        else logged[Position(r["log_partition"], r["log_offset"])]
-        for r in rows
-    ] or None
+def events_of(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The whole events of audit rows."""
+    return [audit_payload(r) for r in rows] or None
 
 
 def applied_sql(d: Dialect, event_id: str) -> Query:
@@ -106,16 +96,7 @@ class CallReads(ABC):
         return page_of(rows, limit)
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
-        rows = await self._fetch(events_sql(self.dialect, tenant_id, call_id))
-        unlogged = [
-            Position(r["log_partition"], r["log_offset"]) for r in rows if r["payload_json"] is None
-        ]
-        return events_of(rows, await self._logged(unlogged) if unlogged else {})
-
-    async def _logged(self, positions: Sequence[Position]) -> Mapping[Position, dict[str, Any]]:
-        """The whole events of the log's records at ``positions``, for audit rows stored
-        without their payload (a read model kept beside its log: the embedded file)."""
-        raise LookupError(f"{type(self).__name__} stores every audit row's payload")
+        return events_of(await self._fetch(events_sql(self.dialect, tenant_id, call_id)))
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(applied_sql(self.dialect, event_id)))

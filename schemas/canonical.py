@@ -40,6 +40,11 @@ class CanonicalJsonError(ValueError):
 
 def normalise(value: Any, _path: str = "$") -> JsonValue:
     """Return the normalised JSON value (rules 1-3 of the module docstring)."""
+    if isinstance(value, str):
+        if value.isascii():  # always valid UTF-8, and its own NFC
+            return value
+        _encodable(value, _path)
+        return unicodedata.normalize("NFC", value)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -50,9 +55,6 @@ def normalise(value: Any, _path: str = "$") -> JsonValue:
         if value.is_integer():
             return int(value)
         return value
-    if isinstance(value, str):
-        _encodable(value, _path)
-        return unicodedata.normalize("NFC", value)
     if isinstance(value, (list, tuple)):
         return [normalise(item, f"{_path}[{i}]") for i, item in enumerate(value)]
     if isinstance(value, dict):
@@ -60,11 +62,20 @@ def normalise(value: Any, _path: str = "$") -> JsonValue:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalJsonError(f"{_path}: object keys must be strings, got {key!r}")
-            _encodable(key, _path)
-            nkey = unicodedata.normalize("NFC", key)
+            if key.isascii():
+                nkey = key
+            else:
+                _encodable(key, _path)
+                nkey = unicodedata.normalize("NFC", key)
             if nkey in out:
                 raise CanonicalJsonError(f"{_path}: duplicate key {nkey!r} after NFC normalisation")
-            out[nkey] = normalise(item, f"{_path}.{nkey}")
+            # scalars need no path of their own (only a float or a string can be refused,
+            # and their error names the object's path and key)
+            out[nkey] = (
+                item
+                if type(item) is int or (type(item) is str and item.isascii())
+                else normalise(item, f"{_path}.{nkey}")
+            )
         return {k: out[k] for k in sorted(out)}
     raise CanonicalJsonError(f"{_path}: {type(value).__name__} is not a JSON value")
 

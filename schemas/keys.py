@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -86,21 +88,14 @@ class CallKey:
 def murmur2(data: bytes) -> int:
     """Kafka's ``Utils.murmur2`` (signed 32-bit result, as Java returns it)."""
     length = len(data)
-    seed = 0x9747B28C
     m = 0x5BD1E995
-    r = 24
-    h = (seed ^ length) & 0xFFFFFFFF
-    length4 = length // 4
-    for i in range(length4):
-        i4 = i * 4
-        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    extra = length % 4
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
     tail = length & ~3
+    for k in struct.unpack_from(f"<{length >> 2}I", data):  # the 4-byte words, little-endian
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
+    extra = length & 3
     if extra == 3:
         h ^= data[tail + 2] << 16
     if extra >= 2:
@@ -134,3 +129,20 @@ def call_id_for(call_key: str, idempotency_key: str, intent_id: str) -> str:
 def call_id_of(call_key: str) -> str:
     """The call id of an encoded call key (cached: it is asked for several times per call)."""
     return "call_" + hashlib.sha256(call_key.encode("utf-8")).hexdigest()[:32]
+
+
+_POOL_BYTES = 4096
+_pool: list[bytes] = []
+
+
+def random_id() -> str:
+    """128 random bits (from the OS's CSPRNG) as 32 hex digits: an intent's id. Read from the
+    OS 256 ids at a time (one system call instead of one per call); a forked process starts
+    with an empty pool, so parent and child never share an id."""
+    if not _pool:
+        raw = os.urandom(_POOL_BYTES)
+        _pool.extend(raw[i : i + 16] for i in range(0, _POOL_BYTES, 16))
+    return _pool.pop().hex()
+
+
+os.register_at_fork(after_in_child=_pool.clear)

@@ -134,8 +134,8 @@ class OverHttp:
 
 def over_http(ledger: EmbeddedLedger, registry: Callable[[], ToolRegistry]) -> OverHttp:
     """A client whose calls go through the HTTP API in front of ``ledger``."""
-    assert ledger.log is not None
-    calls = SqliteCalls(ledger.log.conn, path=ledger.path)
+    assert ledger.file is not None
+    calls = SqliteCalls(ledger.file.conn, path=ledger.path)
     door = Security(TokenStore([])).build(registry())(ledger.client, calls, _ready)
     tokens = ContextTokens()
     door.authenticator = tokens

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.sqlite_log import LedgerFileError, SqliteLog
-from projections.sqlite import SqliteProjection
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
+from processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
+from projections.sqlite import SqliteReadModel
 from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
@@ -375,7 +375,7 @@ def replay(
         log = _existing_ledger(data)
         try:
             with console.status("rebuilding projections from the log"):
-                count = log.rebuild_projections()
+                count = log.rebuild()
                 rebuilt = asyncio.run(rebuild_read_model(SqliteGroupLog(log.conn), SQLITE, facts))
         except LedgerFileError as exc:
             console.print(f"[red]{exc}[/]")
@@ -479,18 +479,10 @@ def serve(
     intents_retention: Annotated[
         str,
         typer.Option(
-            help="Embedded: how long processed intents are kept. They hold the only copy of "
-            "raw arguments: this is the retention of sensitive data (7d, 24h, or 'forever')."
+            help="Embedded: how long the raw arguments of approval requests are kept (their "
+            "only copy: this is the retention of sensitive data; 7d, 24h, or 'forever')."
         ),
     ] = "7d",
-    outcomes_retention: Annotated[
-        str,
-        typer.Option(
-            help="Embedded: how long the log keeps outcome records (24h, 30d, or 'forever'). "
-            "The audit trail keeps its own copy (--audit-retention); once outcomes are "
-            "deleted, 'toolledger replay' can no longer rebuild the read model from the log.",
-        ),
-    ] = "forever",
     audit_retention: options.AuditRetentionOption = "forever",
     mcp: Annotated[
         bool,
@@ -524,7 +516,6 @@ def serve(
         options.key_retention(registry, key_retention)
         retained = {
             "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
-            "outcomes_retention": _optional_retention(outcomes_retention, "--outcomes-retention"),
             "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
         }
     except (TokenFileError, ConfigError, OSError) as exc:
@@ -670,7 +661,9 @@ def init(
         console.print(f"[red]{path} exists already: a ledger is never re-created[/]")
         raise typer.Exit(2)
     try:
-        SqliteLog(path, projection=SqliteProjection(), partitions=partitions, create=True).close()
+        SqliteLedger(
+            path, read_model=SqliteReadModel(), partitions=partitions, create=True
+        ).close()
     except LedgerFileError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -691,10 +684,10 @@ def vacuum(
     console.print(f"{data / 'ledger.db'}: {before:,} bytes -> {after:,} bytes")
 
 
-def _existing_ledger(data: Path) -> SqliteLog:
+def _existing_ledger(data: Path) -> SqliteLedger:
     """The embedded ledger in ``data``, never created; else one line and exit code 2."""
     try:
-        return SqliteLog(data / "ledger.db", projection=SqliteProjection(), create=False)
+        return SqliteLedger(data / "ledger.db", read_model=SqliteReadModel(), create=False)
     except LedgerFileError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

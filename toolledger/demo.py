@@ -18,8 +18,6 @@ from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers import governance
 from producers.client import CallResult, LedgerClient, TrustedContext
 from producers.keys import derive_idempotency_key
-from projections.rows import Position
-from projections.sqlite import logged_events
 from schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
@@ -335,7 +333,7 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
         with console.status("[bold]long-running job[/]: one export, however often it is asked"):
             path = await _job(ledger, checks, store)
         console.print(f"[green]✓[/] long-running job: one export, the same job on retry ({path})")
-        assert ledger.runtime is not None and ledger.log is not None
+        assert ledger.runtime is not None and ledger.file is not None
         await ledger.runtime.drain()
         console.print(_audit_table(ledger, {s.key for s in SCENES}))
         console.print(_effects_table(store))
@@ -344,19 +342,15 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
 
 
 def _audit_table(ledger: EmbeddedLedger, keys: set[str]) -> Table:
-    assert ledger.log is not None
+    assert ledger.file is not None
     table = Table(title="audit trail (tool_call_events, redacted)", show_lines=False)
     for column in ("#", "tool", "idempotency key", "event", "detail"):
         table.add_column(column)
-    conn = ledger.log.conn
-    rows = conn.execute(
-        "SELECT seq, tool_name, event_type, payload_json, log_partition, log_offset "
-        "FROM tool_call_events ORDER BY seq"
+    rows = ledger.file.conn.execute(
+        "SELECT seq, tool_name, event_type, payload_json FROM tool_call_events ORDER BY seq"
     ).fetchall()
-    # most rows point at their event's record in the log instead of holding a copy
-    logged = logged_events(conn, [Position(p, o) for *_, payload, p, o in rows if payload is None])
-    for seq, tool, event_type, payload, partition, offset in rows:
-        event = json.loads(payload) if payload else logged[Position(partition, offset)]
+    for seq, tool, event_type, payload in rows:
+        event = json.loads(payload)
         key = str(event["envelope"].get("idempotency_key") or "")
         table.add_row(
             str(seq), tool, key if key in keys else key[:20], event_type, _detail(event)

@@ -11,9 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
 from processors.runtime.kafka import KafkaExecutor
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.topics import Topics

@@ -10,6 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
+from processors.executor import DEFAULT_CONCURRENCY
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import (
     DEFAULT_APPROVAL_REQUEST_TTL,
     DEFAULT_MAX_ARGUMENT_BYTES,
@@ -18,13 +20,12 @@ from processors.pipeline import (
 from processors.ports import Clock
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S, EmbeddedRuntime
 from processors.runtime.group_runner import GroupRunner
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.sqlite_log import SqliteLog
+from processors.runtime.sqlite_ledger import SqliteLedger
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
-from projections.sqlite import SqliteProjection
+from projections.sqlite import SqliteReadModel
 from schemas.events import Event
 from toolledger.groups import embedded_groups
 
@@ -42,7 +43,7 @@ class EmbeddedLedger:
         registry: ToolRegistry,
         *,
         partitions: int = 4,
-        concurrency: int = 64,
+        concurrency: int = DEFAULT_CONCURRENCY,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         synchronous: str = "FULL",
@@ -54,19 +55,15 @@ class EmbeddedLedger:
         shutdown_timeout_s: float = 30.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         intents_retention: timedelta | None = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S),
-        outcomes_retention: timedelta | None = None,
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
-        new, empty directory (None); see :class:`SqliteLog`. ``cache_entries``: call keys
+        new, empty directory (None); see :class:`SqliteLedger`. ``cache_entries``: call keys
         held in memory (the others are read from the file when used). ``intents_retention``:
-        how long processed intents (the only copy of raw arguments) are kept; None: forever.
-        ``outcomes_retention``: how long the log keeps outcome records (None: forever). The
-        audit trail keeps its own copy under its own retention; once outcomes are deleted,
-        ``toolledger replay`` can no longer rebuild the read model from the log."""
+        how long the raw arguments of approval requests (their only copy) are kept; None:
+        forever."""
         self.path = Path(path)
         self._cache_entries = cache_entries
         self._intents_retention_s = _seconds(intents_retention)
-        self._outcomes_retention_s = _seconds(outcomes_retention)
         self._create = create
         self.shutdown_timeout_s = shutdown_timeout_s
         self._probed_at = float("-inf")
@@ -84,43 +81,44 @@ class EmbeddedLedger:
         self.client = LedgerClient(
             self, default_wait_s=default_wait_s, max_argument_bytes=max_argument_bytes
         )
-        self.log: SqliteLog | None = None
+        self.file: SqliteLedger | None = None
         self.runtime: EmbeddedRuntime | None = None
         self.groups: GroupRunner | None = None
 
     async def start(self) -> EmbeddedLedger:
-        self.log = SqliteLog(
+        self.file = SqliteLedger(
             self.path,
-            projection=SqliteProjection(),
+            read_model=SqliteReadModel(),
             partitions=self._partitions,
             synchronous=self._synchronous,
             create=self._create,
         )
         stages = Stages(
             self.registry,
-            Redactor(bytes.fromhex(self.log.meta("redaction_secret"))),
+            Redactor(bytes.fromhex(self.file.meta("redaction_secret"))),
             clock=self._clock,
             rng=self._rng,
             max_argument_bytes=self._max_argument_bytes,
             approval_request_ttl=self._approval_request_ttl,
         )
         self.runtime = EmbeddedRuntime(
-            self.log,
+            self.file,
             stages,
+            clock=self._clock,
             concurrency=self._concurrency,
             on_committed=self.outcomes.publish,
+            on_abandoned=self.outcomes.fail,
             sweep_interval_s=self._sweep_interval_s,
             cache_entries=self._cache_entries,
             intents_retention_s=self._intents_retention_s,
-            outcomes_retention_s=self._outcomes_retention_s,
         )
         try:
             await self.runtime.start()
         except BaseException:
-            self.log.close()
+            self.file.close()
             raise
         # call groups: their orchestrator drives again what had not finished
-        self.groups = embedded_groups(self.log, self.client, lambda: self.registry)
+        self.groups = embedded_groups(self.file, self.client, lambda: self.registry)
         await self.groups.start()
         return self
 
@@ -168,9 +166,9 @@ class EmbeddedLedger:
                 await self.runtime.stop()
         finally:
             self.runtime = None
-            if self.log is not None:
-                self.log.close()  # releases the file lock, whatever happened above
-                self.log = None
+            if self.file is not None:
+                self.file.close()  # releases the file lock, whatever happened above
+                self.file = None
 
     async def __aenter__(self) -> EmbeddedLedger:
         return await self.start()

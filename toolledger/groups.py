@@ -18,7 +18,7 @@ from processors.runtime.group_runner import (
     StepCall,
     StepCaller,
 )
-from processors.runtime.sqlite_log import SqliteLog
+from processors.runtime.sqlite_ledger import SqliteLedger
 from processors.tools.group_tools import step_tools
 from processors.tools.registry import ToolRegistry
 from producers.client import Caller, TrustedContext
@@ -84,7 +84,7 @@ def ledger_groups(
 
 
 def embedded_groups(
-    log: SqliteLog, client: Caller, registry: Callable[[], ToolRegistry]
+    log: SqliteLedger, client: Caller, registry: Callable[[], ToolRegistry]
 ) -> GroupRunner:
     """Groups in the ledger file: the executor's process drives them (it holds the lock)."""
     group_log = SqliteGroupLog(log.conn)

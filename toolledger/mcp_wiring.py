@@ -244,7 +244,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
 
-        from processors.runtime.sqlite_log import LedgerFileError
+        from processors.runtime.sqlite_ledger import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
         from toolledger.config import ConfigError, load_tools

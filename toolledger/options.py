@@ -106,7 +106,7 @@ CreateOption = Annotated[
 
 
 def creates(data: Path, create: bool) -> bool | None:
-    """``--create`` as :class:`SqliteLog` takes it: True, or None (only in an empty directory,
+    """``--create`` as :class:`SqliteLedger` takes it: True, or None (only in an empty directory,
     judged now, before anything such as the helpdesk store is written there)."""
     fresh = not data.exists() or (data.is_dir() and not any(data.iterdir()))
     return True if create or fresh else None

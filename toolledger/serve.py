@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import describe, seconds_of
 from producers.client import LedgerClient
@@ -160,10 +160,9 @@ async def embedded_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
-    outcomes_retention: timedelta | None = None,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
-    ``create``, ``intents_retention`` and ``outcomes_retention`` as
+    ``create`` and ``intents_retention`` as
     :class:`~toolledger.embedded.EmbeddedLedger` takes them. ``audit_retention``: how long the
     audit trail keeps an expired key's record (None: forever)."""
     from processors.runtime.intent_lookup import SqliteIntentLookup
@@ -181,23 +180,18 @@ async def embedded_door(
         shutdown_timeout_s=shutdown_timeout_s,
         cache_entries=cache_entries,
         intents_retention=intents_retention,
-        outcomes_retention=outcomes_retention,
     ) as ledger:
-        assert ledger.log is not None and ledger.runtime is not None
-        runtime = ledger.runtime
+        assert ledger.file is not None and ledger.runtime is not None
+        runtime, file = ledger.runtime, ledger.file
 
         async def ready() -> dict[str, bool]:
-            return {
-                "executor": all(w.failed is None for w in runtime.workers),
-                "ledger_writable": ledger.writable(),
-            }
+            return {"executor": runtime.running, "ledger_writable": ledger.writable()}
 
-        calls = SqliteCalls(ledger.log.conn, path=ledger_file)
-        intents = SqliteIntentLookup(ledger_file, ledger.log.partitions)
-        log = ledger.log
+        calls = SqliteCalls(file.conn, path=ledger_file)
+        intents = SqliteIntentLookup(ledger_file)
 
         async def prune(cutoff: datetime) -> int:  # in turn with the writer (locked_write)
-            return await asyncio.to_thread(prune_sqlite, log.locked_write, cutoff)
+            return await asyncio.to_thread(prune_sqlite, file.locked_write, cutoff)
 
         try:
             front = door(ledger.client, calls, ready)
@@ -277,7 +271,6 @@ def open_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
-    outcomes_retention: timedelta | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
     if kafka is not None and postgres is not None:
@@ -292,7 +285,6 @@ def open_door(
         cache_entries,
         intents_retention,
         audit_retention,
-        outcomes_retention,
     )
 
 

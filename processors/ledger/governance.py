@@ -15,7 +15,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from processors.ledger.state import CallContext
-from schemas.calls import switch_scopes
+from schemas.calls import ANY, switch_scopes
+from schemas.errors import ErrorInfo
 from schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
@@ -25,6 +26,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
+from schemas.governance import disabled_error
 
 
 class ApprovalStatus(StrEnum):
@@ -212,3 +214,11 @@ def disabled_by(switches: dict[str, Switch], tenant_id: str, tool: str) -> Switc
         if switch is not None and not switch.enabled:
             return switch
     return None
+
+
+def switched_off(switches: dict[str, Switch], tenant_id: str, tool: str) -> ErrorInfo | None:
+    """The error a call of ``tool`` gets while a kill switch keeps it off (None: it is on)."""
+    switch = disabled_by(switches, tenant_id, tool)
+    if switch is None:
+        return None
+    return disabled_error(switch.tenant_id == ANY, switch.tool == ANY, tool, switch.reason)

@@ -10,8 +10,12 @@ Executor invariant, as kept here:
 * ``transactional_id = <group>-<partition>``: a new owner's ``init_transactions`` bumps the
   producer epoch, aborts the old owner's open transaction and fences it: the zombie's next
   commit fails, and a worker whose commit failed stops before calling any handler.
-* per batch, one transaction carries outcome events, the call states (compacted ``state``
-  topic) and, once intents are fully processed, their offsets (``send_offsets_to_transaction``).
+* one transaction per decision pass of the executor core (:mod:`processors.executor`): the
+  outcomes of the actions that finished since the last pass, the Started events and answers
+  of the intents decided in this one, the call states (compacted ``state`` topic) and the
+  offsets of the intents decided (``send_offsets_to_transaction``). An intent's offset is
+  committed with its Started event: after a crash it is not read again, and the new owner
+  recovers its PENDING state as UNKNOWN (then reconcile).
 * state is restored on assignment from the ``state`` topic into a local store on disk
   (:mod:`processors.runtime.local_store`), from the store's checkpoint, read
   ``read_committed`` *after* ``init_transactions``, so nothing the previous owner left open
@@ -36,12 +40,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from processors.executor import DEFAULT_CONCURRENCY, Executor, ExecutorStopped
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import Stages
 from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.heap import release_free_memory_every
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
-from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
 from schemas.codec import encode
@@ -52,8 +55,8 @@ log = logging.getLogger("toolledger.kafka")
 
 
 class KafkaStore:
-    """A partition's :class:`~processors.ports.PartitionStore` on Kafka: the
-    transaction is the truth; the local store follows it once it committed."""
+    """A partition's store on Kafka: the transaction is the truth; the local store follows it
+    once it committed (and is what the executor reads)."""
 
     def __init__(
         self,
@@ -61,25 +64,27 @@ class KafkaStore:
         topics: Topics,
         partition: int,
         local: LocalStore,
+        position: int,
     ) -> None:
         self._producer = producer
         self._topics = topics
         self._partition = partition
         self._local = local
+        self._position = position
         self._committed_offset: int | None = None
 
-    async def load(self, partition: int) -> Snapshot:
-        return self._local.live()
+    def load(self) -> Snapshot:
+        snapshot = self._local.live()
+        snapshot.positions[self._partition] = self._position
+        return snapshot
 
-    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
-        return await asyncio.to_thread(self._local.reader.read, keys)
+    def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        return self._local.read(keys)
 
-    async def due(
+    def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
-        return await asyncio.to_thread(
-            self._local.reader.due, self._partition, tool, settled_before, after, limit
-        )
+        return self._local.due(tool, settled_before, after, limit)
 
     async def commit(self, batch: CommitBatch) -> None:
         producer, topics, p = self._producer, self._topics, self._partition
@@ -101,7 +106,7 @@ class KafkaStore:
                     ],
                 )
             states = _Batches(producer, topics.state, p)
-            for key, text in topic_pairs(batch):  # tombstones for expired keys: compaction
+            for key, text in topic_pairs(batch, p):  # tombstones for expired keys: compaction
                 state = batch.states.get(key) if text is not None else None
                 meta = None if state is None else state_meta(state)
                 value = None if text is None else text.encode("utf-8")
@@ -117,17 +122,18 @@ class KafkaStore:
                 await letters.append(None, letter.value, [(REASON_HEADER, reason)])
             for batches in (outcomes, states, letters):
                 await batches.flush()
-            if batch.next_offset is not None and batch.next_offset != self._committed_offset:
+            next_offset = batch.positions.get(p)
+            if next_offset is not None and next_offset != self._committed_offset:
                 await producer.send_offsets_to_transaction(
-                    {TopicPartition(topics.intents, p): batch.next_offset}, topics.executor_group
+                    {TopicPartition(topics.intents, p): next_offset}, topics.executor_group
                 )
             await producer.commit_transaction()
         except BaseException:
             with contextlib.suppress(Exception):
                 await producer.abort_transaction()
             raise
-        if batch.next_offset is not None:
-            self._committed_offset = batch.next_offset
+        if next_offset is not None:
+            self._committed_offset = next_offset
         # committed: every batch was acknowledged, so the offsets of the state records are known
         last = states.last_offset()
         # the local store takes the same pairs, as a restore would read them
@@ -320,11 +326,9 @@ async def cluster_id(bootstrap: str) -> str:
 
 
 class _Owned:
-    def __init__(
-        self, producer: AIOKafkaProducer, worker: PartitionWorker, local: LocalStore
-    ) -> None:
+    def __init__(self, producer: AIOKafkaProducer, executor: Executor, local: LocalStore) -> None:
         self.producer = producer
-        self.worker = worker
+        self.executor = executor
         self.local = local
 
 
@@ -360,7 +364,7 @@ class KafkaExecutor:
         topics: Topics,
         stages: Stages,
         *,
-        concurrency: int = 64,
+        concurrency: int = DEFAULT_CONCURRENCY,
         session_timeout_ms: int = 30_000,
         sweep_interval_s: float = 1.0,
         on_committed: Callable[[Sequence[Event]], None] | None = None,
@@ -403,7 +407,6 @@ class KafkaExecutor:
         self._unowned: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._heap: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.assigned = asyncio.Event()
 
@@ -425,7 +428,6 @@ class KafkaExecutor:
         await self._consumer.start()
         self._consumer.subscribe([self.topics.intents], listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._run())
-        self._heap = asyncio.create_task(release_free_memory_every())
 
     async def stop(self, *, drain_s: float | None = None) -> None:
         """Graceful: stop reading, let running calls finish (bounded), release partitions."""
@@ -436,15 +438,7 @@ class KafkaExecutor:
         await self._release(list(self.owned), drain_s=drain_s)
         if self._consumer is not None:
             await self._consumer.stop()
-        await self._stop_heap()
         self._cleanup()
-
-    async def _stop_heap(self) -> None:
-        if self._heap is not None:
-            self._heap.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heap
-            self._heap = None
 
     def _cleanup(self) -> None:
         if self._private_dir is not None:
@@ -456,7 +450,7 @@ class KafkaExecutor:
         if self._loop_task is not None:
             self._loop_task.cancel()
         for owned in self.owned.values():
-            await owned.worker.stop()
+            await owned.executor.stop()
         for owned in self.owned.values():
             with contextlib.suppress(Exception):
                 await owned.producer.stop()
@@ -465,12 +459,11 @@ class KafkaExecutor:
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
-        await self._stop_heap()
         self._cleanup()
 
     async def drain(self) -> None:
         for owned in list(self.owned.values()):
-            await owned.worker.drain()
+            await owned.executor.drain()
 
     async def caught_up(self) -> bool:
         """Every intent appended so far to the partitions this executor owns is processed."""
@@ -479,7 +472,7 @@ class KafkaExecutor:
         tps = [TopicPartition(self.topics.intents, p) for p in self.owned]
         ends = await self._consumer.end_offsets(tps)
         return all(
-            self.owned[tp.partition].worker.position >= end
+            self.owned[tp.partition].executor.position(tp.partition) >= end
             for tp, end in ends.items()
             if tp.partition in self.owned
         )
@@ -525,7 +518,7 @@ class KafkaExecutor:
             retry_backoff_ms=10,
         )
         await producer.start()  # init_transactions: fences the previous owner
-        worker: PartitionWorker | None = None
+        executor: Executor | None = None
         local: LocalStore | None = None
         try:
             local = self._open_store(p)
@@ -540,22 +533,25 @@ class KafkaExecutor:
                 self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
             tp = TopicPartition(self.topics.intents, p)
             position = await self._consumer.committed(tp) or 0
-            worker = PartitionWorker(
-                p,
-                position,
-                KafkaStore(producer, self.topics, p, local),
+            store = KafkaStore(producer, self.topics, p, local, position)
+            executor = Executor(
+                [p],
+                store,
                 self._stages,
+                store.commit,
+                partition_of=lambda _key: p,
                 epoch=int(time.time() * 1000),
-                concurrency=self._concurrency,
+                clock=self._stages.clock,
                 on_committed=self._on_committed,
-                sweep_interval_s=self._sweep_interval_s,
+                concurrency=self._concurrency,
                 cache_entries=self._cache_entries,
+                sweep_interval_s=self._sweep_interval_s,
             )
-            await worker.start()  # PENDING -> UNKNOWN, committed before any intent is read
+            await executor.start()  # PENDING -> UNKNOWN, committed before any intent is read
             self._consumer.seek(tp, position)
         except BaseException:
-            if worker is not None:
-                await worker.stop()
+            if executor is not None:
+                await executor.stop()
             with contextlib.suppress(Exception):
                 await producer.stop()
             if local is not None:
@@ -565,7 +561,7 @@ class KafkaExecutor:
             "partition acquired",
             extra={"partition": p, "position": position, "restored": self.restored[p]},
         )
-        return _Owned(producer, worker, local)
+        return _Owned(producer, executor, local)
 
     def _open_store(self, p: int) -> LocalStore:
         """The partition's local store in the state directory; if another executor on this
@@ -609,12 +605,12 @@ class KafkaExecutor:
                 with contextlib.suppress(Exception, TimeoutError):
                     await asyncio.wait_for(
                         asyncio.gather(
-                            *(o.worker.drain() for _, o in released), return_exceptions=True
+                            *(o.executor.drain() for _, o in released), return_exceptions=True
                         ),
                         wait,
                     )
             for p, owned in released:
-                await owned.worker.stop()
+                await owned.executor.stop()
                 with contextlib.suppress(Exception):
                     await owned.producer.stop()
                 owned.local.close()
@@ -623,9 +619,9 @@ class KafkaExecutor:
     async def _reacquire(self) -> None:
         """Partitions whose commit failed (broker trouble, fencing) or that could not be taken
         over are taken over again while the group still assigns them to us."""
-        failed = [p for p, owned in self.owned.items() if owned.worker.failed is not None]
+        failed = [p for p, owned in self.owned.items() if owned.executor.failed is not None]
         for p in failed:
-            if _local_store_failed(self.owned[p].worker.failed):
+            if _local_store_failed(self.owned[p].executor.failed):
                 self._damaged.add(p)  # its local store is rebuilt at the takeover
         if failed:
             log.warning(
@@ -646,23 +642,23 @@ class KafkaExecutor:
     # -- the loop -------------------------------------------------------------------------------
 
     async def _feed(self, partition: int, owner: _Owned | None, records: Sequence[Any]) -> None:
-        """Feed one partition's fetched records to the worker that owned it at fetch time.
+        """Feed one partition's fetched records to the executor that owned it at fetch time.
 
-        Records fetched for a worker that has since been replaced are dropped: the new worker
-        seeked to the committed position and reads them again. A worker that fails stops
+        Records fetched for an executor that has since been replaced are dropped: the new one
+        seeked to the committed position and reads them again. An executor that fails stops
         taking records; re-acquiring it seeks back, so nothing fetched is lost."""
         for record in records:
             if owner is None or self.owned.get(partition) is not owner:
                 return
-            if owner.worker.failed is not None:
+            if owner.executor.failed is not None:
                 return
             try:
-                await owner.worker.feed(record.offset, record.value or b"")
-            except PartitionFailed:
+                await owner.executor.feed(partition, record.offset, record.value or b"")
+            except ExecutorStopped:
                 return
             except Exception as exc:  # a bug: stop this partition, re-acquiring seeks back
                 log.exception("feeding failed", extra={"partition": partition})
-                owner.worker.fail(exc)
+                owner.executor.fail(exc)
                 return
 
     async def _run(self) -> None:

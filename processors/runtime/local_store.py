@@ -35,9 +35,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 
-from processors.ports import Snapshot
+from processors.ports import KeyEntry, Snapshot
 from processors.runtime import state_table
-from processors.runtime.state_table import IN_CALL_STATE, Reader, StateMeta, transaction
+from processors.runtime.state_table import IN_CALL_STATE, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -75,7 +75,6 @@ class LocalStore:
                 self.conn = self._open()
             except sqlite3.DatabaseError as exc:
                 self.rebuild(f"it cannot be read ({exc})")
-            self._reader = Reader(self.path, IN_CALL_STATE)
         except BaseException:
             os.close(self._lock)
             raise
@@ -126,16 +125,12 @@ class LocalStore:
         old = getattr(self, "conn", None)
         if old is not None:
             old.close()
-        reader = getattr(self, "_reader", None)
-        if reader is not None:
-            reader.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         return self._open()
 
     def close(self) -> None:
         try:
-            self._reader.close()
             self.conn.close()
         finally:
             if self._lock >= 0:  # once: the number may belong to another file afterwards
@@ -198,7 +193,6 @@ class LocalStore:
         synced, then renamed over the store's file (a crash before leaves the store as it
         was; the next cold restore starts its file again)."""
         load.finish(self.identity, checkpoint)
-        self._reader.close()
         self.conn.close()
         for suffix in ("-wal", "-shm"):  # never replayed onto the new file
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
@@ -206,15 +200,25 @@ class LocalStore:
         _sync_directory(self.path.parent)
         self.conn = self._open()
 
-    # -- reads --------------------------------------------------------------------------------
+    # -- reads (the executor's, on its loop) ---------------------------------------------------
 
     def live(self) -> Snapshot:
         return state_table.live(self.conn, self.identity_partition, IN_CALL_STATE)
 
-    @property
-    def reader(self) -> Reader:
-        """Key states for the worker's threads."""
-        return self._reader
+    def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+        return state_table.read(self.conn, keys, IN_CALL_STATE)
+
+    def due(
+        self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[float, str]]:
+        """Keys of ``tool`` settled at or before ``settled_before``: calls and keys that only
+        have a book, merged in order (one cursor for both)."""
+        p = self.identity_partition
+        states = IN_CALL_STATE.due(self.conn, p, tool, settled_before, after, limit)
+        books = state_table.due_rows(
+            self.conn, "state_json IS NULL", p, tool, settled_before, after, limit
+        )
+        return sorted([*states, *books])[:limit]
 
 
 class ColdLoad:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from processors.ledger.governance import Switch
+from processors.ledger.governance import Switch, newer
 from processors.ports import CommitBatch, Snapshot
 
 APPROVALS_PREFIX = "approvals:"
@@ -20,28 +20,33 @@ SWITCH_PREFIX = "switch:"
 REFUSED_KEY = "refused:"  # input offsets past the position already answered with a refusal
 
 
-def restore(snapshot: Snapshot, key: str, value: str | bytes) -> None:
-    """Take one stored governance pair back into ``snapshot``: a switch, or the refused
-    offsets."""
+def restore(snapshot: Snapshot, partition: int, key: str, value: str | bytes) -> None:
+    """Take one stored governance pair of ``partition`` back into ``snapshot``: a switch (the
+    newer one, when partitions recorded it apart), or the partition's refused offsets."""
     if key == REFUSED_KEY:
-        snapshot.refused = frozenset(int(o) for o in json.loads(value))
+        snapshot.refused[partition] = frozenset(int(o) for o in json.loads(value))
     elif key.startswith(SWITCH_PREFIX):
-        snapshot.switches[key.removeprefix(SWITCH_PREFIX)] = Switch.model_validate_json(value)
+        switch = Switch.model_validate_json(value)
+        name = key.removeprefix(SWITCH_PREFIX)
+        if newer(snapshot.switches.get(name), switch):
+            snapshot.switches[name] = switch
     else:
         raise ValueError(f"not a governance pair: {key!r}")
 
 
-def switch_pairs(batch: CommitBatch) -> Iterator[tuple[str, str]]:
-    """The batch's switches and refused offsets as stored pairs."""
-    for key, switch in batch.switches.items():
-        yield SWITCH_PREFIX + key, switch.model_dump_json()
-    if batch.refused is not None:
-        yield REFUSED_KEY, json.dumps(batch.refused)
+def switch_pairs(batch: CommitBatch, partition: int) -> Iterator[tuple[str, str]]:
+    """The batch's switches and refused offsets of ``partition`` as stored pairs."""
+    for (p, key), switch in batch.switches.items():
+        if p == partition:
+            yield SWITCH_PREFIX + key, switch.model_dump_json()
+    refused = batch.refused.get(partition)
+    if refused is not None:
+        yield REFUSED_KEY, json.dumps(refused)
 
 
-def topic_pairs(batch: CommitBatch) -> Iterator[tuple[str, str | None]]:
-    """Every pair the batch writes to the compacted state topic, tombstones (``None``) for
-    the expired keys first: compaction then drops their earlier records."""
+def topic_pairs(batch: CommitBatch, partition: int) -> Iterator[tuple[str, str | None]]:
+    """Every pair a partition's batch writes to the compacted state topic, tombstones
+    (``None``) for the expired keys first: compaction then drops their earlier records."""
     for key in batch.expired:
         yield key, None
         if key not in batch.approvals:  # not a book the new call with the key just opened
@@ -50,4 +55,4 @@ def topic_pairs(batch: CommitBatch) -> Iterator[tuple[str, str | None]]:
         yield key, state.model_dump_json()
     for key, book in batch.approvals.items():
         yield APPROVALS_PREFIX + key, book.model_dump_json()
-    yield from switch_pairs(batch)
+    yield from switch_pairs(batch, partition)

@@ -17,14 +17,11 @@ A row carries what the executor asks of the store without reading the state itse
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Protocol
 
 from processors.ledger import CallState
@@ -38,7 +35,6 @@ from processors.runtime.snapshot import (
     restore,
     switch_pairs,
 )
-from schemas.packing import unpack
 from schemas.status import CallStatus
 
 DDL = """
@@ -108,91 +104,10 @@ class CallStates(Protocol):
         of the previous page)."""
 
 
-class Reader:
-    """A second connection to a state file, for reads from worker threads: a WAL reader
-    sees the last commit, never a write in progress, and blocks no writer. One read at a
-    time: two statements stepping at once on one connection would share one snapshot, and
-    the later one could miss a commit made between them."""
-
-    def __init__(self, path: Path, states: CallStates) -> None:
-        self._path = path
-        self._states = states
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        """The connection, for one read that is fully fetched inside the block."""
-        with self._lock:
-            if self._conn is None:
-                self._conn = sqlite3.connect(
-                    self._path, isolation_level=None, check_same_thread=False
-                )
-            yield self._conn
-
-    def read(self, keys: Sequence[str]) -> dict[str, KeyEntry]:
-        """:func:`read`, as of the last commit (one snapshot for states and books)."""
-        with self._connection() as conn:
-            conn.execute("BEGIN")
-            try:
-                return read(conn, keys, self._states)
-            finally:
-                conn.execute("COMMIT")
-
-    def due(
-        self,
-        partition: int,
-        tool: str,
-        settled_before: float,
-        after: tuple[float, str] | None,
-        limit: int,
-    ) -> list[tuple[float, str]]:
-        """:meth:`CallStates.due` and the keys that only have a book due, as of the last
-        commit, merged in order (a page of at most ``limit``; the cursor of both)."""
-        with self._connection() as conn:
-            conn.execute("BEGIN")
-            try:
-                states = self._states.due(conn, partition, tool, settled_before, after, limit)
-                books = _due_rows(
-                    conn, "state_json IS NULL", partition, tool, settled_before, after, limit
-                )
-            finally:
-                conn.execute("COMMIT")
-        return sorted([*states, *books])[:limit]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-
 def settled_at(status: str, updated_at: datetime) -> float | None:
     """:func:`processors.ledger.settled_at` in epoch seconds, from a state's two fields (a
     state topic's record read without a full validation)."""
     return None if status in _UNRESOLVED else updated_at.timestamp()
-
-
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a ledger file of an earlier layout (states only, books in ``executor_state``) to
-    this one, in the caller's transaction; a no-op once done."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(call_state)")}
-    if not columns or "book_json" in columns:
-        return
-    conn.execute("DROP INDEX IF EXISTS call_state_by_partition")
-    conn.execute("ALTER TABLE call_state RENAME TO call_state_v0")
-    create(conn)
-    for key, partition, state_json in conn.execute(
-        "SELECT call_key, partition, state_json FROM call_state_v0"
-    ).fetchall():
-        _upsert_state(conn, key, partition, state_json, stored_state(state_json))
-    prefix = len(APPROVALS_PREFIX)
-    for partition, key, book_json in conn.execute(
-        "SELECT partition, key, value_json FROM executor_state WHERE key LIKE 'approvals:%'"
-    ).fetchall():
-        _upsert_book(conn, key[prefix:], partition, book_json)
-    conn.execute("DELETE FROM executor_state WHERE key LIKE 'approvals:%'")
-    conn.execute("DROP TABLE call_state_v0")
 
 
 def _statements(script: str) -> list[str]:
@@ -207,17 +122,19 @@ def create(conn: sqlite3.Connection) -> None:
 # -- writes -------------------------------------------------------------------------------
 
 
-def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, states: bool = True) -> None:
+def put_batch(
+    conn: sqlite3.Connection, batch: CommitBatch, *, states_partition: int | None = None
+) -> None:
     """The batch's state changes, in the caller's transaction. An expired key's row goes
     first: a book the new call with the key opened in the same batch is written after it.
 
-    ``states`` False: the batch's call states are written elsewhere in the same transaction
-    (the embedded ledger file's read model: :class:`CallStates`), so only books, switches
-    and refused offsets are written here."""
-    p = batch.partition
+    ``states_partition``: the partition whose call states these are, written here (a Kafka
+    local store); None: the states are written elsewhere in the same transaction (the
+    embedded ledger file's call rows), so only books, switches and refused offsets are."""
+    p = 0 if states_partition is None else states_partition
     if batch.expired:
         conn.executemany("DELETE FROM call_state WHERE call_key = ?", [(k,) for k in batch.expired])
-    if states:
+    if states_partition is not None:
         for key, state in batch.states.items():
             _upsert_state(conn, key, p, state.model_dump_json(), state)
     conn.executemany(
@@ -227,7 +144,8 @@ def put_batch(conn: sqlite3.Connection, batch: CommitBatch, *, states: bool = Tr
             for key, book in batch.approvals.items()
         ],
     )
-    put_governance(conn, p, switch_pairs(batch))
+    for partition in {q for q, _ in batch.switches} | set(batch.refused):
+        put_governance(conn, partition, switch_pairs(batch, partition))
 
 
 StateMeta = tuple[str, float | None]  # (tool, settled_at): what a row needs of a state
@@ -399,22 +317,46 @@ def read(conn: sqlite3.Connection, keys: Sequence[str], states: CallStates) -> d
     found = states.states(conn, keys)
     books: dict[str, ApprovalBook] = {}
     for start in range(0, len(keys), _READ_CHUNK):
-        chunk = keys[start : start + _READ_CHUNK]
-        marks = ",".join("?" * len(chunk))
-        for key, book_json in conn.execute(
-            f"SELECT call_key, book_json FROM call_state WHERE call_key IN ({marks}) "
-            "AND book_json IS NOT NULL",
-            chunk,
-        ):
-            books[key] = ApprovalBook.model_validate_json(book_json)
+        books.update(read_books(conn, keys[start : start + _READ_CHUNK]))
     return {k: KeyEntry(found.get(k), books.get(k)) for k in keys if k in found or k in books}
 
 
+def read_books(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, ApprovalBook]:
+    """The stored approval books of ``keys`` (at most :data:`_READ_CHUNK` of them)."""
+    marks = ",".join("?" * len(keys))
+    return {
+        key: ApprovalBook.model_validate_json(book_json)
+        for key, book_json in conn.execute(
+            f"SELECT call_key, book_json FROM call_state WHERE call_key IN ({marks}) "
+            "AND book_json IS NOT NULL",
+            keys,
+        )
+    }
+
+
+def due_books(
+    conn: sqlite3.Connection,
+    tool: str,
+    settled_before: float,
+    after: tuple[float, str] | None,
+    limit: int,
+) -> list[tuple[float, str]]:
+    """Keys of ``tool`` that only have a book, settled at or before ``settled_before``, of
+    every partition (an embedded file's: its states are in its call rows)."""
+    cursor, params = "", [tool, settled_before]
+    if after is not None:
+        cursor, params = "AND (settled_at, call_key) > (?, ?) ", [*params, *after]
+    rows = conn.execute(
+        "SELECT settled_at, call_key FROM call_state WHERE tool = ? AND settled_at IS NOT NULL "
+        f"AND settled_at <= ? AND state_json IS NULL {cursor}ORDER BY settled_at, call_key LIMIT ?",
+        [*params, limit],
+    )
+    return [(float(s), str(k)) for s, k in rows]
+
+
 def stored_state(stored: str | bytes) -> CallState:
-    """A row's state: the JSON text of a state topic's record (as a restore writes it), or the
-    packed JSON an embedded ledger file stored before its read model's rows held its states
-    (:data:`~schemas.packing.STATES`)."""
-    return CallState.model_validate_json(stored if isinstance(stored, str) else unpack(stored))
+    """A row's state: the JSON text of a state topic's record (as a restore writes it)."""
+    return CallState.model_validate_json(stored)
 
 
 def live(conn: sqlite3.Connection, partition: int, states: CallStates) -> Snapshot:
@@ -428,7 +370,7 @@ def live(conn: sqlite3.Connection, partition: int, states: CallStates) -> Snapsh
     for key, value_json in conn.execute(
         "SELECT key, value_json FROM executor_state WHERE partition = ?", (partition,)
     ):
-        restore(snapshot, key, value_json)
+        restore(snapshot, partition, key, value_json)
     return snapshot
 
 
@@ -468,12 +410,12 @@ class _InCallState:
         after: tuple[float, str] | None,
         limit: int,
     ) -> list[tuple[float, str]]:
-        return _due_rows(
+        return due_rows(
             conn, "state_json IS NOT NULL", partition, tool, settled_before, after, limit
         )
 
 
-def _due_rows(
+def due_rows(
     conn: sqlite3.Connection,
     which: str,
     partition: int,

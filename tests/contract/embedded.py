@@ -5,8 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.sqlite_log import INTENTS
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from producers.client import LedgerClient
 from tests.contract.harness import Harness
 from toolledger.embedded import EmbeddedLedger
@@ -44,8 +43,8 @@ class EmbeddedHarness(Harness):
             self.ledger = None
 
     def _rows(self, sql: str) -> list[dict[str, Any]]:
-        assert self.ledger is not None and self.ledger.log is not None
-        conn = self.ledger.log.conn
+        assert self.ledger is not None and self.ledger.file is not None
+        conn = self.ledger.file.conn
         conn.row_factory = sqlite3.Row
         try:
             return [dict(r) for r in conn.execute(sql)]
@@ -66,19 +65,19 @@ class EmbeddedHarness(Harness):
         return rows
 
     async def rebuild(self) -> None:
-        assert self.ledger is not None and self.ledger.log is not None
-        self.ledger.log.rebuild_projections()
+        assert self.ledger is not None and self.ledger.file is not None
+        assert self.ledger.runtime is not None
+        await self.ledger.runtime.drain()
+        self.ledger.file.rebuild()
 
     async def send_raw(self, value: bytes) -> None:
         assert self.ledger is not None and self.ledger.runtime is not None
-        await self.ledger.runtime.send_raw(0, b"garbage", value)
+        self.ledger.runtime.send_raw(value)
 
     async def dead_letter_reasons(self) -> list[str]:
         assert self.ledger is not None and self.ledger.runtime is not None
         await self.ledger.runtime.drain()
         return [
             r["reason"]
-            for r in self._rows(
-                f"SELECT reason FROM dead_letters WHERE topic = '{INTENTS}' ORDER BY id"
-            )
+            for r in self._rows("SELECT reason FROM dead_letters ORDER BY id")
         ]

@@ -13,9 +13,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import Stages
 from processors.runtime.kafka import KafkaExecutor
-from processors.runtime.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.tools.redaction import Redactor
 from producers.client import LedgerClient
 from producers.kafka import KafkaTransport

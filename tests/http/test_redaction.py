@@ -17,14 +17,12 @@ import httpx
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas.packing import unpack
 from tests.http.helpers import approval_token, assert_call, assert_problem, post_call
 from tests.http.servers import PARTITIONS, Server
 
 
 def _sqlite_texts(server: Server) -> dict[str, bytes]:
-    """Every table of the embedded ledger file; the log table split by topic. A packed value
-    (schemas.packing) is searched unpacked: packing must not hide a secret."""
+    """Every table of the embedded ledger file (its raw intents: ``intents``)."""
     assert server.ledger_db is not None
     conn = sqlite3.connect(f"file:{server.ledger_db}?mode=ro", uri=True, timeout=30)
     try:
@@ -32,11 +30,10 @@ def _sqlite_texts(server: Server) -> dict[str, bytes]:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         for table in tables:
             for row in conn.execute(f'SELECT * FROM "{table}"'):
-                where = f"{table}:{row[0]}" if table == "log" else table
-                found[where] = (
-                    found.get(where, b"")
+                found[table] = (
+                    found.get(table, b"")
                     + repr(row).encode()
-                    + b"".join(unpack(v) for v in row if isinstance(v, bytes))
+                    + b"".join(v for v in row if isinstance(v, bytes))
                 )
         return found
     finally:
@@ -85,7 +82,7 @@ async def _stores(server: Server) -> tuple[dict[str, bytes], bytes]:
     """(stores that must not hold raw values, the intents stream)."""
     if server.ledger_db is not None:
         texts = _sqlite_texts(server)
-        intents = texts.pop("log:intents", b"")
+        intents = texts.pop("intents", b"")
         return texts, intents
     assert server.prefix is not None and server.dsn is not None
     names = ("outcomes", "state", "dead-letters")

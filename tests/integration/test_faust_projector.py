@@ -19,9 +19,9 @@ from psycopg.conninfo import make_conninfo
 
 from bench.faust_projector import FaustProjector
 from processors.ledger import fold_all
+from processors.ledger.rows import call_row
 from projections.postgres import PostgresProjection, migrate
 from projections.projector import KafkaProjector
-from projections.rows import call_row
 from schemas.canonical import args_digest, canonical_json
 from schemas.errors import ErrorInfo
 from schemas.events import (

@@ -95,8 +95,8 @@ class Setup:
 @contextlib.asynccontextmanager
 async def ledger(root: Path) -> AsyncIterator[Setup]:
     async with embedded(root) as (led, store):
-        assert led.log is not None
-        yield Setup(led, store, SqliteCalls(led.log.conn, path=root / "ledger.db"))
+        assert led.file is not None
+        yield Setup(led, store, SqliteCalls(led.file.conn, path=root / "ledger.db"))
 
 
 async def start(client: Client, arguments: dict[str, Any]) -> TaskHandle | types.CallToolResult:

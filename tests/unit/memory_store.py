@@ -1,6 +1,6 @@
-"""An in-memory :class:`~processors.ports.PartitionStore` for property tests of
-the partition worker: what a real store keeps (states, books, switches, refused offsets,
-the position), with a commit that can be made to fail as a crash would."""
+"""An in-memory :class:`~processors.ports.StateStore` and write for property tests of the
+executor (one input partition, 0): what a real store keeps (states, books, switches, refused
+offsets, the position), with a commit that can be made to fail as a crash would."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.state_table import book_meta, settled_at
 from schemas.events import Event
 from schemas.status import CallStatus
+
+PARTITION = 0  # the one partition whose inputs the store's executor decides
 
 
 class Crash(Exception):
@@ -34,25 +36,30 @@ class MemoryStore:
     crash_at: int | None = None
     reads: int = 0
 
-    async def load(self, partition: int) -> Snapshot:
+    def load(self) -> Snapshot:
         unresolved = {
             k: s
             for k, s in self.states.items()
             if s.status in (CallStatus.PENDING, CallStatus.UNKNOWN)
         }
         books = {k: b for k, b in self.books.items() if k in unresolved}
-        return Snapshot(unresolved, books, dict(self.switches), self.refused)
+        return Snapshot(
+            unresolved,
+            books,
+            dict(self.switches),
+            positions={PARTITION: self.position},
+            refused={PARTITION: self.refused},
+        )
 
-    async def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
+    def read(self, keys: Sequence[str]) -> Mapping[str, KeyEntry]:
         self.reads += 1
-        await asyncio.sleep(0)  # another task may run meanwhile, as with a thread
         return {
             k: KeyEntry(self.states.get(k), self.books.get(k))
             for k in keys
             if k in self.states or k in self.books
         }
 
-    async def due(
+    def due(
         self, tool: str, settled_before: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[float, str]]:
         by_state = (
@@ -73,15 +80,17 @@ class MemoryStore:
         self.commits += 1
         if self.crash_at is not None and self.commits == self.crash_at:
             raise Crash(f"crash at commit {self.commits}")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the write takes a while: other tasks run meanwhile
+        assert batch.partitions == [PARTITION] * len(batch.events), batch.partitions
         self.outcomes.extend(batch.events)
         for key in batch.expired:
             self.states.pop(key, None)
             self.books.pop(key, None)
         self.states.update(batch.states)
         self.books.update(batch.approvals)
-        self.switches.update(batch.switches)
-        if batch.refused is not None:
-            self.refused = frozenset(batch.refused)
-        if batch.next_offset is not None:
-            self.position = batch.next_offset
+        for (_partition, key), switch in batch.switches.items():
+            self.switches[key] = switch
+        if PARTITION in batch.refused:
+            self.refused = frozenset(batch.refused[PARTITION])
+        if PARTITION in batch.positions:
+            self.position = batch.positions[PARTITION]

@@ -124,7 +124,7 @@ def test_the_projector_refuses_an_audit_retention_that_is_not_a_duration() -> No
 
 async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Path) -> None:
     """Under a constant stream of calls the writer commits back to back; a round takes its
-    turn behind it (``SqliteLog.locked_write``) and deletes what is past the cutoff, where a
+    turn behind it (``SqliteLedger.locked_write``) and deletes what is past the cutoff, where a
     connection of its own lost the race for SQLite's lock ("database is locked")."""
     from toolledger.embedded import EmbeddedLedger
 
@@ -132,7 +132,7 @@ async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Pat
     path = tmp_path / "ledger.db"
     registry = _registry(effects)
     async with EmbeddedLedger(path, registry, create=True, sweep_interval_s=0.05) as ledger:
-        assert ledger.log is not None
+        assert ledger.file is not None
         first = [
             await ledger.client.call("write_note", {"text": f"old{i}"}, idempotency_key=f"o{i}",
                                      context=ALICE)
@@ -154,7 +154,7 @@ async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Pat
             deleted = 0
             for _ in range(5):  # rounds while the callers keep the writer busy
                 cutoff = datetime.now(UTC) + timedelta(seconds=1)
-                deleted += await asyncio.to_thread(prune_sqlite, ledger.log.locked_write, cutoff)
+                deleted += await asyncio.to_thread(prune_sqlite, ledger.file.locked_write, cutoff)
         finally:
             stop.set()
             await asyncio.gather(*callers)

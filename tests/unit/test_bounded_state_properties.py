@@ -1,6 +1,6 @@
 """Bounded state under random interleavings: calls on a few keys, evictions (a cache of one
 or two entries), expiries (log time moving past the key retention, exactly onto it too) and
-restarts of the worker from its store. Every answer must be what a plain model says: within
+restarts of the executor from its store. Every answer must be what a plain model says: within
 the retention the first call's outcome (or a refusal of other arguments), after it a new
 execution; and the effects are what the model counts.
 """
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
+from processors.executor import Executor
 from processors.pipeline import Stages
-from processors.runtime.partition import PartitionWorker
 from processors.tools.manifest import Tool, ToolContext, ToolDescription
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
@@ -42,7 +42,7 @@ from schemas.events import (
 )
 from schemas.governance import approval_id_for
 from schemas.keys import CallKey
-from tests.unit.memory_store import MemoryStore
+from tests.unit.memory_store import PARTITION, MemoryStore
 
 RETENTION_S = 100
 REQUEST_TTL_S = 150  # of an approval request (the approval property's tool)
@@ -118,28 +118,28 @@ def _play(
     *,
     one_at_a_time: bool,
 ) -> tuple[MemoryStore, dict[str, str]]:
-    """Run ``groups`` through a worker over a :class:`MemoryStore`: log time moves on, each
-    op is made a record by ``feed`` (its intent id, the model's answer, the record) and fed
-    (``one_at_a_time``: each drained before the next, else the group's run together), the
-    sweeper is given time, the worker restarts. Returns the store and the expected answers."""
+    """Run ``groups`` through an executor over a :class:`MemoryStore`: log time moves on,
+    each op is made a record by ``feed`` (its intent id, the model's answer, the record) and
+    fed (``one_at_a_time``: each drained before the next, else the group's run together), the
+    sweeper is given time, the executor restarts. Returns the store and the expected answers."""
     store = MemoryStore()
     expected: dict[str, str] = {}
 
-    def worker() -> PartitionWorker:
-        return PartitionWorker(
-            0, store.position, store, stages, epoch=1, concurrency=8,
-            sweep_interval_s=0.005, cache_entries=cache,
+    def executor() -> Executor:
+        return Executor(
+            [PARTITION], store, stages, store.commit, partition_of=lambda _key: PARTITION,
+            epoch=1, clock=clock, concurrency=8, sweep_interval_s=0.005, cache_entries=cache,
         )  # fmt: skip
 
     async def scenario() -> None:
-        current = worker()
+        current = executor()
         await current.start()
         for advance, ops, restart, sweep in groups:
             clock.now_ += timedelta(seconds=advance)
             for key, op in ops:
                 intent_id, answer, record = feed(key, op, clock.now_)
                 expected[intent_id] = answer
-                await current.feed(len(expected) - 1, record)
+                await current.feed(PARTITION, len(expected) - 1, record)
                 if one_at_a_time:
                     await current.drain()
             await current.drain()
@@ -148,7 +148,7 @@ def _play(
                 await current.drain()
             if restart:
                 await current.stop()
-                current = worker()
+                current = executor()
                 await current.start()
         await current.drain()
         await current.stop()
@@ -218,7 +218,7 @@ def _answer(events: list[Event]) -> str:
 GROUP = st.tuples(
     st.sampled_from([0, 0, 40, 60, RETENTION_S]),  # log time moves on by this many seconds
     st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 1)), min_size=1, max_size=5),
-    st.booleans(),  # restart the worker after this group
+    st.booleans(),  # restart the executor after this group
     st.booleans(),  # give the sweeper time to expire keys on its own
 )
 
@@ -247,7 +247,7 @@ def test_evictions_expiries_and_restarts_decide_as_the_unbounded_model(
 # is answered by the open one); an operator may deny it. A key that only had requests settles
 # when its last one was decided or lapsed, a key with a call at the later of the call and its
 # requests, and either expires a retention later (the denial with it): the model says so, the
-# worker must agree through evictions, restarts and the sweeper's own expiries.
+# executor must agree through evictions, restarts and the sweeper's own expiries.
 
 
 @dataclass
@@ -328,7 +328,7 @@ def _approval_answer(events: list[Event]) -> str:
 APPROVAL_GROUP = st.tuples(
     st.sampled_from([0, 0, 40, 60, RETENTION_S]),
     st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([0, 1, 1, "deny"])), max_size=5),
-    st.booleans(),  # restart the worker after this group
+    st.booleans(),  # restart the executor after this group
     st.booleans(),  # give the sweeper time to expire keys on its own
 )
 

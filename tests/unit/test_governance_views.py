@@ -22,11 +22,13 @@ from typing import Any
 
 import pytest
 
-from processors.runtime.sqlite_log import SqliteLog
+from processors.ledger.rows import event_json, event_of_json
+from processors.runtime import sqlite_ledger
+from processors.runtime.sqlite_ledger import SqliteLedger
 from projections import governance
 from projections import sqlite as sqlite_projection
 from projections.rows import Position
-from projections.sqlite import SqliteCalls, SqliteProjection
+from projections.sqlite import SqliteCalls, SqliteReadModel
 from schemas.calls import (
     STAT_COUNTS,
     STAT_RATES,
@@ -771,14 +773,30 @@ SCENARIOS = [APPROVALS, SWITCHES, STATS, RUN_USAGE]
 
 def sqlite_with(batch: Sequence[tuple[Event, Position]] = ()) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", isolation_level=None)
-    conn.executescript(sqlite_projection.DDL)
+    conn.execute("BEGIN")
+    sqlite_ledger.create(conn, READ_MODEL)
+    conn.execute("COMMIT")
     sqlite_load(conn, batch)
     return conn
 
 
+READ_MODEL = SqliteReadModel()
+
+
 def sqlite_load(conn: sqlite3.Connection, batch: Sequence[tuple[Event, Position]]) -> None:
+    """The events appended to an embedded ledger's log (in order, each in its partition),
+    its call rows folded from the log and its read model derived, as the ledger has them."""
     conn.execute("BEGIN")
-    sqlite_projection.apply(conn, batch)
+    conn.executemany(
+        "INSERT INTO events (partition, event) VALUES (?, ?)",
+        [(position.partition, event_json(event)) for event, position in batch],
+    )
+    events = [
+        event_of_json(text)
+        for (text,) in conn.execute("SELECT event FROM events ORDER BY seq")
+    ]
+    sqlite_ledger.refold(conn, READ_MODEL, events)
+    READ_MODEL.derive(conn, 0, 1 << 62)
     conn.execute("COMMIT")
 
 
@@ -813,20 +831,15 @@ async def test_scenario_on_sqlite(scenario: Scenario) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
 async def test_a_rebuild_answers_the_same(scenario: Scenario) -> None:
-    """Drop and rebuild the projection the way ``SqliteLog.rebuild_projections`` does (the DDL
-    split on ';'); redelivered events change nothing either."""
+    """Drop and rebuild the read model the way ``SqliteLedger.rebuild`` does (the DDL split
+    on ';'): the same answers."""
     conn, _ = await run_on_sqlite(scenario)
-    batch = scenario.events()
     before = await snapshot(SqliteCalls(conn))
     conn.execute("BEGIN")
     sqlite_projection.drop(conn)
     assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall() == []
-    for statement in sqlite_projection.DDL.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-    sqlite_projection.apply(conn, batch)
-    sqlite_projection.apply(conn, batch[::2])  # redelivered
     conn.execute("COMMIT")
+    sqlite_load(conn, [])
     assert await snapshot(SqliteCalls(conn)) == before
 
 
@@ -877,7 +890,7 @@ def test_the_ddl_can_be_applied_again_and_views_are_recreated() -> None:
     conn = sqlite_with(SWITCHES.events())
     conn.executescript(sqlite_projection.DDL)
     views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")}
-    assert views == set(sqlite_projection.GOVERNANCE_VIEWS)
+    assert views == {"tool_call_events", *sqlite_projection.GOVERNANCE_VIEWS}
     assert len(view_rows(conn, "tool_call_events")) == 10 * PARTITIONS
     assert len(view_rows(conn, "switch_changes")) == 10  # once per switch, not per partition
     assert len(view_rows(conn, "tool_switches")) == 6  # the latest per (tenant, tool)
@@ -888,19 +901,19 @@ def test_the_ddl_can_be_applied_again_and_views_are_recreated() -> None:
             "AND run_id = 'r' AND event_type = 'ToolCallStarted'"
         )
     )
-    assert "tool_call_events_by_run" in plan
+    assert "audit_events_by_run" in plan
 
 
 async def test_views_in_an_embedded_ledger_file(tmp_path: Path) -> None:
-    """The views live in the embedded log's file: opened twice, rebuilt from the log."""
-    SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection()).close()
-    log = SqliteLog(tmp_path / "ledger.db", projection=SqliteProjection())
+    """The views live in the embedded ledger's file: opened twice, rebuilt from the log."""
+    SqliteLedger(tmp_path / "ledger.db", read_model=READ_MODEL).close()
+    log = SqliteLedger(tmp_path / "ledger.db", read_model=READ_MODEL)
     try:
-        assert log.rebuild_projections() == 0
+        assert log.rebuild() == 0
         views = {
             r[0] for r in log.conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")
         }
-        assert views == set(sqlite_projection.GOVERNANCE_VIEWS)
+        assert views == {"tool_call_events", *sqlite_projection.GOVERNANCE_VIEWS}
         assert await SqliteCalls(log.conn).stats(None) == Stats(None, [], ToolStats("*"))
     finally:
         log.close()
@@ -991,7 +1004,9 @@ async def test_reads_off_the_event_loop_answer_the_same(
     path = tmp_path / "views.db"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(sqlite_projection.DDL)
+    conn.execute("BEGIN")
+    sqlite_ledger.create(conn, READ_MODEL)
+    conn.execute("COMMIT")
 
     async def load(batch: Batch) -> None:
         sqlite_load(conn, batch)

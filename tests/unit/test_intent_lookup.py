@@ -1,20 +1,15 @@
-"""Raw arguments are read back from the embedded log's intents by call key: an intent's key is
-stored as its fingerprint, and an intent stored by a file made before (the whole key) is
-found all the same."""
+"""Raw arguments are read back, by call key, only for the calls that asked for approval: a
+call that needed none leaves its arguments nowhere (its outcome events hold them redacted)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
 from processors.runtime.intent_lookup import SqliteIntentLookup
-from processors.runtime.sqlite_log import key_fingerprint
 from processors.toolsets.helpdesk import HelpdeskStore
 from schemas.keys import CallKey
-from schemas.packing import MARK
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
@@ -22,40 +17,25 @@ from toolledger.embedded import EmbeddedLedger
 ALICE = TrustedContext("acme", "alice")
 
 
-async def test_a_calls_intents_are_found_by_key_as_stored_now_and_before(tmp_path: Path) -> None:
+async def test_only_an_approval_requests_raw_arguments_are_kept_and_found_by_key(
+    tmp_path: Path,
+) -> None:
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     path = tmp_path / "ledger.db"
-    mine, other = {"title": "mine", "body": "x"}, {"title": "other", "body": "y"}
+    ticket = {"title": "mine", "body": "x"}
+    charge = {"customer_id": "cus_1", "amount_cents": 1200, "currency": "USD"}
     async with EmbeddedLedger(path, contract_registry(store), create=True, partitions=2) as led:
-        for key, args in (("k-1", mine), ("k-2", other)):
-            made = await led.client.call("create_ticket", args, idempotency_key=key, context=ALICE)
-            assert made.ok
-    call_key = str(CallKey("acme", "create_ticket", "k-1"))
-    lookup = SqliteIntentLookup(path, 2)
+        made = await led.client.call("create_ticket", ticket, idempotency_key="k-1", context=ALICE)
+        assert made.ok
+        asked = await led.client.call("charge_card", charge, idempotency_key="k-2", context=ALICE)
+        assert asked.error is not None and asked.error.code == "APPROVAL_REQUIRED"
+    lookup = SqliteIntentLookup(path)
     try:
-        found = await lookup.arguments(call_key, datetime.now(UTC))
-        assert [json.loads(a) for a in found] == [mine]
-        with sqlite3.connect(path) as conn:
-            intents = conn.execute("SELECT key FROM log WHERE topic = 'intents'")
-            stored = {bytes(k) for (k,) in intents}
-            assert key_fingerprint(call_key.encode()) in stored and call_key.encode() not in stored
-            conn.execute(  # as a file made before stored it: the whole key
-                "UPDATE log SET key = ? WHERE topic = 'intents' AND key = ?",
-                (call_key.encode(), key_fingerprint(call_key.encode())),
-            )
-        lookup.close()
-        found = await lookup.arguments(call_key, datetime.now(UTC))
-        assert [json.loads(a) for a in found] == [mine]
+        now = datetime.now(UTC)
+        charged = str(CallKey("acme", "charge_card", "k-2"))
+        assert [json.loads(a) for a in await lookup.arguments(charged, now)] == [charge]
+        ticketed = str(CallKey("acme", "create_ticket", "k-1"))
+        assert await lookup.arguments(ticketed, now) == []
     finally:
         lookup.close()
-
-
-def test_no_stored_key_starts_like_a_packed_value() -> None:
-    """A search of the ledger file unpacks every value that starts with ``MARK``: a key's
-    fingerprint never does, also when its digest does."""
-    key = next(
-        k
-        for k in (f'["acme","t","k{i}"]'.encode() for i in range(100_000))
-        if hashlib.blake2b(k, digest_size=8).digest()[0] == MARK
-    )
-    assert key_fingerprint(key)[0] != MARK
+    store.close()

@@ -1,6 +1,7 @@
-"""The executor's state tables on both backends: the embedded file's earlier layout is
-migrated, a Kafka local store's two ways in (its own commits, the topic's pairs) agree, and
-a local store of anything else, or a damaged one, is rebuilt instead of used."""
+"""The executor's state tables (:mod:`processors.runtime.state_table`) and their pairs
+(:mod:`processors.runtime.snapshot`): a batch written as rows and the same batch as the state
+topic's pairs give the same tables, switches and refused offsets are kept per partition, and a
+Kafka local store of anything else, or a damaged one, is rebuilt instead of used."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
 from processors.ledger import CallContext, CallState
 from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
-from processors.ports import CommitBatch
+from processors.ports import CommitBatch, Snapshot
 from processors.runtime import state_table
 from processors.runtime.kafka import (
     default_state_dir,
@@ -29,16 +29,17 @@ from processors.runtime.kafka import (
     private_state_dir,
 )
 from processors.runtime.local_store import LocalStore, StoreBusy
-from processors.runtime.snapshot import APPROVALS_PREFIX, REFUSED_KEY, SWITCH_PREFIX, topic_pairs
+from processors.runtime.snapshot import (
+    APPROVALS_PREFIX,
+    REFUSED_KEY,
+    SWITCH_PREFIX,
+    restore,
+    switch_pairs,
+    topic_pairs,
+)
 from processors.runtime.state_table import StateMeta, state_meta
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
-from processors.tools.registry import ToolRegistry
-from producers.client import TrustedContext
-from projections.sqlite import SqliteCalls, SqliteProjection
 from schemas.keys import CallKey
-from schemas.packing import STATES
 from schemas.status import CallStatus
-from toolledger.embedded import EmbeddedLedger
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 KEYS = [str(CallKey("acme", "op", k)) for k in ("a", "b", "c")]
@@ -83,6 +84,19 @@ def _book(approval_id: str, key: str = KEY_C) -> ApprovalBook:
     )
 
 
+def _switch(n: int, at: datetime = T0) -> Switch:
+    """The switch of ``op`` for ``acme`` (variant ``n``: on when even), changed at ``at``."""
+    return Switch(
+        tenant_id="acme",
+        tool="op",
+        enabled=n % 2 == 0,
+        reason=f"r{n}",
+        actor="ops",
+        changed_at=at,
+        intent_id=f"i{n}",
+    )
+
+
 def _rows(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
     return (
         conn.execute("SELECT * FROM call_state ORDER BY call_key").fetchall()
@@ -94,14 +108,13 @@ def _batches() -> list[CommitBatch]:
     a, b, c = KEYS
     return [
         CommitBatch(
-            0,
             states={a: _state(a, CallStatus.PENDING), b: _state(b, CallStatus.SUCCEEDED)},
             approvals={c: _book("apr_1")},
-            refused=[7],
+            refused={0: [7]},
         ),
-        CommitBatch(0, states={a: _state(a, CallStatus.UNKNOWN, T0 + timedelta(seconds=5))}),
-        CommitBatch(0, expired={b}, approvals={b: _book("apr_2", b)}),  # expired, asked again
-        CommitBatch(0, expired={c}),
+        CommitBatch(states={a: _state(a, CallStatus.UNKNOWN, T0 + timedelta(seconds=5))}),
+        CommitBatch(expired={b}, approvals={b: _book("apr_2", b)}),  # expired, asked again
+        CommitBatch(expired={c}),
     ]
 
 
@@ -117,7 +130,7 @@ def _pairs(
             if headers and k in batch.states
             else None,
         )
-        for k, v in topic_pairs(batch)
+        for k, v in topic_pairs(batch, 0)
     ]
 
 
@@ -125,14 +138,14 @@ def _pairs(
 def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
     tmp_path: Path, headers: bool
 ) -> None:
-    """The Kafka executor writes a batch to its local store directly and to the state topic
-    as pairs (with the row fields in headers; older records have none); a store restored
-    from the topic must hold exactly what the owner's did."""
+    """A partition's batch written as rows (``put_batch`` with its states) and as the state
+    topic's pairs (with the row fields in headers; older records have none) must give the
+    same tables: a store restored from the topic holds exactly what the owner's did."""
     direct, restored = (sqlite3.connect(tmp_path / n, isolation_level=None) for n in "ab")
     for conn in (direct, restored):
         state_table.create(conn)
     for batch in _batches():
-        state_table.put_batch(direct, batch)
+        state_table.put_batch(direct, batch, states_partition=0)
         state_table.put_pairs(restored, 0, _pairs(batch, headers=headers))
         assert _rows(direct) == _rows(restored)
     a, b, _c = KEYS
@@ -140,7 +153,38 @@ def test_a_stores_own_commits_and_the_topics_pairs_give_the_same_tables(
     entries = state_table.read(direct, KEYS, state_table.IN_CALL_STATE)
     assert entries[b].state is None and entries[b].book == _book("apr_2", b)
     live = state_table.live(direct, 0, state_table.IN_CALL_STATE)
-    assert list(live.states) == [a] and live.refused == frozenset({7})
+    assert list(live.states) == [a] and live.refused == {0: frozenset({7})}
+
+
+@pytest.mark.parametrize("order", ["ASC", "DESC"])
+def test_switches_and_refused_offsets_are_kept_per_partition(tmp_path: Path, order: str) -> None:
+    """A batch of several partitions (an embedded executor decides them all) writes each
+    partition's switch and refused offsets under that partition. Read back, each partition
+    has its own refused offsets, and a switch that two partitions recorded apart is the
+    newer one, whichever partition is read first."""
+    older, newer = _switch(1), _switch(2, T0 + timedelta(seconds=1))
+    name = "acme-op"  # the switch's key (any text: the pairs carry it as it is)
+    batch = CommitBatch(switches={(0, name): newer, (1, name): older}, refused={0: [3], 1: [5, 6]})
+    assert list(switch_pairs(batch, 1)) == [
+        (SWITCH_PREFIX + name, older.model_dump_json()),
+        (REFUSED_KEY, "[5, 6]"),
+    ]
+    assert list(switch_pairs(batch, 2)) == []
+    conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    state_table.create(conn)
+    state_table.put_batch(conn, batch)  # states elsewhere (an embedded file's call rows)
+    assert state_table.live(conn, 0, state_table.IN_CALL_STATE).refused == {0: frozenset({3})}
+    one = state_table.live(conn, 1, state_table.IN_CALL_STATE)
+    assert one.refused == {1: frozenset({5, 6})} and one.switches == {name: older}
+    every = Snapshot()  # every partition's pairs in one snapshot, as an embedded file loads
+    for partition, key, value in conn.execute(
+        f"SELECT partition, key, value_json FROM executor_state ORDER BY partition {order}"
+    ):
+        restore(every, partition, key, value)
+    assert every.switches == {name: newer}
+    assert every.refused == {0: frozenset({3}), 1: frozenset({5, 6})}
+    with pytest.raises(ValueError, match="not a governance pair"):
+        restore(every, 0, APPROVALS_PREFIX + KEYS[0], "{}")
 
 
 def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
@@ -153,7 +197,7 @@ def test_due_pages_through_settled_keys_of_one_tool(tmp_path: Path) -> None:
     states[keys[4]] = _state(keys[4], CallStatus.UNKNOWN)  # unresolved: never due
     other = str(CallKey("acme", "other", "k0"))
     states[other] = _state(other, CallStatus.SUCCEEDED)
-    state_table.put_batch(conn, CommitBatch(0, states=states))
+    state_table.put_batch(conn, CommitBatch(states=states), states_partition=0)
     cutoff = (T0 + timedelta(seconds=2)).timestamp()
     first = state_table.IN_CALL_STATE.due(conn, 0, "op", cutoff, None, 2)
     assert [k for _, k in first] == keys[:2]
@@ -171,24 +215,23 @@ def test_a_key_with_only_a_book_is_due_by_when_its_book_settled(
     a, b, c = KEYS
     batches = [
         CommitBatch(
-            0,
             states={a: _state(a, CallStatus.SUCCEEDED), b: _state(b, CallStatus.SUCCEEDED)},
             approvals={b: _book("apr_b", b), c: _book("apr_c", c)},
         ),
-        CommitBatch(0, expired={a}, approvals={a: _book("apr_a", a)}),  # expired, asked again
+        CommitBatch(expired={a}, approvals={a: _book("apr_a", a)}),  # expired, asked again
     ]
     for batch in batches:
         if by_pairs:
             store.apply(_pairs(batch), None)
         else:
             with state_table.transaction(store.conn) as conn:
-                state_table.put_batch(conn, batch)
+                state_table.put_batch(conn, batch, states_partition=0)
     try:
         lapsed = (T0 + timedelta(hours=1)).timestamp()
-        due = store.reader.due(0, "op", lapsed, None, 10)
+        due = store.due("op", lapsed, None, 10)
         assert due == [(T0.timestamp(), b), (lapsed, a), (lapsed, c)]
-        assert store.reader.due(0, "op", lapsed - 1, None, 10) == [(T0.timestamp(), b)]
-        assert store.reader.due(0, "op", lapsed, (lapsed, a), 10) == [(lapsed, c)]
+        assert store.due("op", lapsed - 1, None, 10) == [(T0.timestamp(), b)]
+        assert store.due("op", lapsed, (lapsed, a), 10) == [(lapsed, c)]
     finally:
         store.close()
 
@@ -201,7 +244,7 @@ def test_a_local_store_keeps_its_checkpoint_and_contents(tmp_path: Path) -> None
     again = LocalStore(path, IDENTITY)
     try:
         assert again.checkpoint == 42
-        assert set(again.reader.read(KEYS)) == set(KEYS)
+        assert set(again.read(KEYS)) == set(KEYS)
     finally:
         again.close()
 
@@ -219,7 +262,7 @@ def test_a_local_store_of_another_topic_partition_is_rebuilt(
     with caplog.at_level(logging.WARNING, "toolledger.kafka"):
         other = LocalStore(path, {**IDENTITY, **changed})
     try:
-        assert other.checkpoint == 0 and other.reader.read(KEYS) == {}
+        assert other.checkpoint == 0 and other.read(KEYS) == {}
         assert "rebuilt" in caplog.text
     finally:
         other.close()
@@ -231,7 +274,7 @@ def test_a_local_store_is_open_in_one_place_at_a_time(tmp_path: Path) -> None:
     store.apply(_pairs(_batches()[0]), 42)
     with pytest.raises(StoreBusy):
         LocalStore(path, {**IDENTITY, "cluster": "c2"})  # would have rebuilt it: refused
-    assert store.checkpoint == 42 and set(store.reader.read(KEYS)) == set(KEYS)
+    assert store.checkpoint == 42 and set(store.read(KEYS)) == set(KEYS)
     store.close()
     store.close()  # closing twice closes nothing else
     again = LocalStore(path, IDENTITY)  # the lock went with the first
@@ -263,16 +306,7 @@ def _pair_value(key: str, n: int) -> bytes | None:
     if key.startswith(APPROVALS_PREFIX):
         return _book(f"apr_{n}").model_dump_json().encode()
     if key.startswith(SWITCH_PREFIX):
-        switch = Switch(
-            tenant_id="acme",
-            tool="op",
-            enabled=n % 2 == 0,
-            reason=f"r{n}",
-            actor="ops",
-            changed_at=T0,
-            intent_id=f"i{n}",
-        )
-        return switch.model_dump_json().encode()
+        return _switch(n).model_dump_json().encode()
     if key == REFUSED_KEY:
         return json.dumps(list(range(n))).encode()
     status = (CallStatus.PENDING, CallStatus.SUCCEEDED, CallStatus.UNKNOWN)[n % 3]
@@ -320,7 +354,7 @@ def test_a_cold_load_makes_the_store_that_the_pairs_applied_in_order_make(
             assert _rows(cold.conn) == _rows(one_by_one.conn)
             assert cold.checkpoint == one_by_one.checkpoint == len(pairs)
             assert cold.live() == one_by_one.live()
-            assert cold.reader.read(KEYS) == one_by_one.reader.read(KEYS)
+            assert cold.read(KEYS) == one_by_one.read(KEYS)
         finally:
             one_by_one.close()
             cold.close()
@@ -335,147 +369,13 @@ def test_an_unfinished_cold_load_leaves_the_store_as_it_was(tmp_path: Path) -> N
         load.add(_pairs(_batches()[0]))
         assert load.path.exists()
         again = store.cold_load()  # the next takeover, after a crash
-        assert store.checkpoint == 0 and store.reader.read(KEYS) == {}
+        assert store.checkpoint == 0 and store.read(KEYS) == {}
         again.add(_pairs(_batches()[1]))
         store.adopt(again, 9)
         assert store.checkpoint == 9
-        assert set(store.reader.read(KEYS)) == {KEYS[0]}
+        assert set(store.read(KEYS)) == {KEYS[0]}
     finally:
         store.close()
-
-
-class Args(BaseModel):
-    title: str
-
-
-class Made(BaseModel):
-    n: int
-
-
-def _counting_registry(made: list[str]) -> ToolRegistry:
-    """One mutation, ``op``, that appends each execution's key to ``made``."""
-
-    async def handler(args: Args, ctx: ToolContext) -> Made:
-        made.append(ctx.idempotency_key)
-        return Made(n=len(made))
-
-    registry = ToolRegistry()
-    registry.register(
-        Tool(
-            name="op",
-            version="1",
-            arguments=Args,
-            result=Made,
-            handler=handler,
-            description=ToolDescription("op", "tests", "never", "none", "replayed"),
-        )
-    )
-    return registry
-
-
-def _as_before_call_rows_held_states(conn: sqlite3.Connection, *, packed: bool) -> int:
-    """Rewrite an embedded file as it was before its read model's call rows were the
-    executor's states: the states in ``call_state`` (packed, or JSON text as earlier still),
-    the call rows without their partition and settled time. Returns the states moved."""
-    keys = [k for (k,) in conn.execute("SELECT call_key FROM tool_calls")]
-    partitions = dict(conn.execute("SELECT call_key, log_partition FROM tool_calls"))
-    states = SqliteProjection().states(conn, keys)
-    conn.executescript(
-        "DROP INDEX tool_calls_due; DROP INDEX tool_calls_unresolved;"
-        "ALTER TABLE tool_calls DROP COLUMN log_partition;"
-        "ALTER TABLE tool_calls DROP COLUMN settled_at;"
-    )
-    for key, state in states.items():
-        text = state.model_dump_json()
-        stored = STATES.pack(text.encode()) if packed else text
-        conn.execute(
-            "INSERT INTO call_state (call_key, partition, tool, settled_at, state_json) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (key, partitions[key], *state_meta(state), stored),
-        )
-    return len(states)
-
-
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "json"])
-async def test_a_file_whose_executor_kept_its_states_hands_them_to_its_call_rows(
-    tmp_path: Path, packed: bool
-) -> None:
-    """Before the embedded file stored each state once (in its read model's call row), the
-    executor kept its own copy in ``call_state``: at open the states are handed over, the
-    executor reads them from the call rows (replays, due keys) and ``call_state`` keeps
-    books only."""
-    made: list[str] = []
-    registry = _counting_registry(made)
-    caller = TrustedContext("acme", "ada")
-    path = tmp_path / "ledger.db"
-    async with EmbeddedLedger(path, registry, create=True, partitions=2) as ledger:
-        first = {
-            k: await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            for k in ("a", "b", "c")
-        }
-        assert ledger.log is not None
-        rows = ledger.log.conn.execute(
-            "SELECT call_key, log_partition, settled_at FROM tool_calls ORDER BY call_key"
-        ).fetchall()
-    with sqlite3.connect(path) as conn:
-        assert _as_before_call_rows_held_states(conn, packed=packed) == 3
-    async with EmbeddedLedger(path, registry, partitions=2) as ledger:
-        assert ledger.log is not None
-        conn = ledger.log.conn
-        assert conn.execute("SELECT COUNT(*) FROM call_state").fetchone()[0] == 0
-        assert (
-            conn.execute(
-                "SELECT call_key, log_partition, settled_at FROM tool_calls ORDER BY call_key"
-            ).fetchall()
-            == rows
-        )
-        for k in ("a", "b", "c"):
-            again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            assert again.replayed and again.result == first[k].result
-        due = [
-            key for p in (0, 1) for _, key in ledger.log.reader.due(p, "op", float("inf"), None, 10)
-        ]
-        assert sorted(due) == [row[0] for row in rows]
-    assert made == ["a", "b", "c"]
-
-
-async def test_an_embedded_file_of_the_earlier_layout_is_migrated(tmp_path: Path) -> None:
-    """Files written before the state table held books: states keep replaying, books move."""
-    made: list[str] = []
-    registry = _counting_registry(made)
-    caller = TrustedContext("acme", "ada")
-    path = tmp_path / "ledger.db"
-    async with EmbeddedLedger(path, registry, create=True) as ledger:
-        first = await ledger.client.call("op", {"title": "x"}, idempotency_key="k", context=caller)
-    assert first.ok
-    book_key = str(CallKey("acme", "op", "asked"))
-    with sqlite3.connect(path) as conn:  # the layout before: states only, books beside them
-        assert _as_before_call_rows_held_states(conn, packed=False) == 1
-        conn.executescript(
-            "ALTER TABLE call_state RENAME TO new_layout;"
-            "DROP INDEX call_state_due; DROP INDEX call_state_unresolved;"
-            "CREATE TABLE call_state (call_key TEXT PRIMARY KEY, partition INTEGER NOT NULL,"
-            " state_json TEXT NOT NULL);"
-            "CREATE INDEX call_state_by_partition ON call_state (partition);"
-            "INSERT INTO call_state SELECT call_key, partition, state_json FROM new_layout;"
-            "DROP TABLE new_layout;"
-        )
-        conn.execute(
-            "INSERT INTO executor_state VALUES (0, ?, ?)",
-            ("approvals:" + book_key, _book("apr_9").model_dump_json()),
-        )
-    async with EmbeddedLedger(path, registry) as ledger:
-        again = await ledger.client.call("op", {"title": "x"}, idempotency_key="k", context=caller)
-        assert again.replayed and again.result == first.result
-        assert ledger.log is not None
-        conn = ledger.log.conn
-        entry = state_table.read(conn, [book_key], state_table.IN_CALL_STATE)[book_key]
-        assert entry.book == _book("apr_9")
-        assert (
-            conn.execute("SELECT COUNT(*) FROM executor_state WHERE key LIKE 'appr%'").fetchone()[0]
-            == 0
-        )
-    assert made == ["k"]
 
 
 def test_a_key_expired_and_started_again_in_one_batch_loses_its_old_book(
@@ -487,91 +387,45 @@ def test_a_key_expired_and_started_again_in_one_batch_loses_its_old_book(
     conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
     state_table.create(conn)
     state_table.put_batch(
-        conn, CommitBatch(0, states={a: _state(a, CallStatus.SUCCEEDED)}, approvals={a: _book("x")})
+        conn,
+        CommitBatch(states={a: _state(a, CallStatus.SUCCEEDED)}, approvals={a: _book("x")}),
+        states_partition=0,
     )
-    again = CommitBatch(0, states={a: _state(a, CallStatus.PENDING)}, expired={a})
-    state_table.put_batch(conn, again)
+    again = CommitBatch(states={a: _state(a, CallStatus.PENDING)}, expired={a})
+    state_table.put_batch(conn, again, states_partition=0)
     entry = state_table.read(conn, [a], state_table.IN_CALL_STATE)[a]
     assert entry.state is not None and entry.state.status is CallStatus.PENDING
     assert entry.book is None
-    assert ("approvals:" + a, None) in list(topic_pairs(again))
+    assert ("approvals:" + a, None) in list(topic_pairs(again, 0))
 
 
 async def test_a_restart_with_a_tiny_cache_keeps_every_unresolved_keys_book() -> None:
+    from processors.executor import Executor
     from processors.pipeline import Stages
-    from processors.runtime.partition import PartitionWorker
     from processors.tools.redaction import Redactor
-    from tests.unit.memory_store import MemoryStore
+    from processors.tools.registry import ToolRegistry
+    from tests.unit.memory_store import PARTITION, MemoryStore
 
     store = MemoryStore()
     for i, key in enumerate(KEYS):
         store.states[key] = _state(key, CallStatus.UNKNOWN)
         store.books[key] = _book(f"apr_{i}")
-    worker = PartitionWorker(
-        0, 0, store, Stages(ToolRegistry(), Redactor(b"k" * 32)), epoch=1, cache_entries=1
+    executor = Executor(
+        [PARTITION],
+        store,
+        Stages(ToolRegistry(), Redactor(b"k" * 32)),
+        store.commit,
+        partition_of=lambda _key: PARTITION,
+        epoch=1,
+        cache_entries=1,
     )
-    await worker.start()
+    await executor.start()
     try:
-        assert {k: worker.cache.book(k) for k in KEYS} == {
+        assert {k: executor.cache.book(k) for k in KEYS} == {
             k: _book(f"apr_{i}") for i, k in enumerate(KEYS)
         }
     finally:
-        await worker.stop()
-
-
-@pytest.mark.parametrize("topic", ["intents", "outcomes"])
-async def test_a_ledger_whose_log_was_pruned_still_replays_and_restarts(
-    tmp_path: Path, topic: str
-) -> None:
-    """Records past their topic's retention go from the log; the key states (replays) stay,
-    and so does the audit trail, event for event (a row that pointed at an outcome record
-    holds its event from then on). Once outcomes went, a rebuild of the read
-    model from what is left is refused rather than losing the history before it."""
-    import time
-
-    from processors.runtime.ledger_file import LedgerFileError
-
-    made: list[str] = []
-    registry = _counting_registry(made)
-    caller = TrustedContext("acme", "ada")
-    path = tmp_path / "ledger.db"
-    keys = [f"k{i}" for i in range(20)]
-    async with EmbeddedLedger(path, registry, create=True, partitions=2) as ledger:
-        assert ledger.log is not None and ledger.runtime is not None
-        ledger.log.mark_interval_s = 0.0
-        first = {
-            k: await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            for k in keys
-        }
-        await ledger.runtime.drain()
-        conn = ledger.log.conn
-
-        def count(sql: str, *params: str) -> int:
-            return int(conn.execute(sql, params).fetchone()[0])
-
-        events_before = count("SELECT COUNT(*) FROM tool_call_events")
-        reads = SqliteCalls(conn)
-        call_ids = [r[0] for r in conn.execute("SELECT call_id FROM tool_calls")]
-        trail = {c: await reads.events("acme", c) for c in call_ids}
-        assert ledger.log.prune(topic, time.time() + 1) > 0
-        # the last record of each partition stays (it carries the next offset)
-        assert count("SELECT COUNT(*) FROM log WHERE topic = ?", topic) == 2
-        assert count("SELECT COUNT(*) FROM tool_call_events") == events_before
-        # an audit row pointing at a deleted outcome record took its payload first
-        assert {c: await reads.events("acme", c) for c in call_ids} == trail
-        if topic == "outcomes":
-            with pytest.raises(LedgerFileError, match="cannot be rebuilt"):
-                ledger.log.rebuild_projections()
-            assert count("SELECT COUNT(*) FROM tool_call_events") == events_before  # unchanged
-        for k in keys:
-            again = await ledger.client.call("op", {"title": k}, idempotency_key=k, context=caller)
-            assert again.replayed and again.result == first[k].result
-    async with EmbeddedLedger(path, registry, partitions=2) as ledger:
-        new = await ledger.client.call("op", {"title": "n"}, idempotency_key="new", context=caller)
-        assert new.ok and not new.replayed
-        old = await ledger.client.call("op", {"title": "k0"}, idempotency_key="k0", context=caller)
-        assert old.replayed
-    assert made == [*keys, "new"]
+        await executor.stop()
 
 
 def test_an_executors_stores_are_kept_across_restarts_without_a_flag() -> None:

@@ -7,54 +7,67 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
-from processors.ledger import CallState
-from processors.runtime.sqlite_log import LogProjection, SqliteLog
+from processors.ledger.rows import event_json
+from processors.ports import CommitBatch
+from processors.runtime.sqlite_ledger import ReadModel, SqliteLedger
 from projections import search
 from projections.dialect import POSTGRES, SQLITE
-from projections.sqlite import SqliteProjection
+from projections.sqlite import SqliteReadModel
 from schemas.calls import CallFilter
-from schemas.events import Event
-from schemas.topics import Position
+from schemas.errors import ErrorCode, ErrorInfo
+from schemas.events import Envelope, ToolCallRejected
+from schemas.keys import CallKey
 
 
-class Recording(SqliteProjection):
-    """The SQLite projection, noting what the log asks of it."""
+class Recording(SqliteReadModel):
+    """The SQLite read model, noting what the ledger asks of it."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def migrate(self, conn: sqlite3.Connection) -> None:
-        self.calls.append("migrate")
-        super().migrate(conn)
+    def prepare(self, conn: sqlite3.Connection) -> None:
+        self.calls.append("prepare")
+        super().prepare(conn)
 
-    def apply(
-        self,
-        conn: sqlite3.Connection,
-        events: Sequence[tuple[Event, Position]],
-        states: Mapping[str, CallState] | None = None,
-    ) -> None:
-        self.calls.append(f"apply {len(events)}")
-        super().apply(conn, events, states)
+    def derive(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
+        self.calls.append(f"derive {after}..{upto}")
+        super().derive(conn, after, upto)
 
     def drop(self, conn: sqlite3.Connection) -> None:
         self.calls.append("drop")
         super().drop(conn)
 
 
-def test_the_log_writes_the_projection_it_is_handed(tmp_path: Path) -> None:
-    projection = Recording()
-    typed: LogProjection = projection  # the SQLite projection is a LogProjection
-    log = SqliteLog(tmp_path / "ledger.db", create=True, projection=typed)
+def test_the_ledger_derives_the_read_model_it_is_handed(tmp_path: Path) -> None:
+    read_model = Recording()
+    typed: ReadModel = read_model  # the SQLite read model is a ReadModel
+    log = SqliteLedger(tmp_path / "ledger.db", create=True, read_model=typed)
     try:
-        assert log.projection is projection
-        assert projection.calls == ["migrate"]  # its tables are made when the file opens
+        assert log.read_model is read_model
+        assert read_model.calls == ["prepare"]  # its tables are made when the file opens
         tables = {r[0] for r in log.conn.execute("SELECT name FROM sqlite_master")}
-        assert {"tool_calls", "tool_call_events"} <= tables
-        assert log.rebuild_projections() == 0
-        assert projection.calls == ["migrate", "drop", "apply 0"]
+        assert {"tool_calls", "events", "audit_events"} <= tables
+        refused = ToolCallRejected(
+            envelope=Envelope(
+                event_id="i1/rejected/1",
+                call_key=str(CallKey("t", "op", "k")),
+                tenant_id="t",
+                tool="op",
+                tool_version="",
+                idempotency_key="k",
+                args_digest="",
+                intent_id="i1",
+                occurred_at=datetime.now(UTC),
+            ),
+            error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, "no"),
+        )
+        log.write(CommitBatch(), [(0, event_json(refused))])
+        assert read_model.calls == ["prepare"]  # the write derived nothing
+        assert log.tail() == 1  # derived after the write, in a transaction of its own
+        assert read_model.calls == ["prepare", "derive 0..1"]
     finally:
         log.close()
 
