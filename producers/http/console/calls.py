@@ -164,18 +164,21 @@ def _decoded(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def attempts_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per attempt: when it started and how it ended."""
+    """One row per attempt: its round, when it started and how it ended. Only
+    ``ToolCallStarted`` names the round: an outcome belongs to the round last started."""
     rows: dict[tuple[int, int], dict[str, Any]] = {}
+    current_round = 0
     for event in events:
         attempt = event.get("attempt")
         if not isinstance(attempt, int):
             continue
-        key = (int(event.get("round") or 0), attempt)
+        if event["type"] == "ToolCallStarted":
+            current_round = int(event["round"])
         row = rows.setdefault(
-            key,
+            (current_round, attempt),
             {
                 "attempt": attempt,
-                "round": event.get("round"),
+                "round": current_round or None,
                 "started_at": None,
                 "outcome": None,
                 "ended_at": None,
@@ -186,11 +189,13 @@ def attempts_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         at = event["envelope"]["occurred_at"]
         if event["type"] == "ToolCallStarted":
             row["started_at"] = at
-        else:
-            row.update(outcome=event["type"], ended_at=at, duration_ms=event.get("duration_ms"))
-            error = event.get("error")
-            if isinstance(error, dict):
-                row["error"] = f"{error.get('code')}: {error.get('message')}"
+            continue
+        row.update(outcome=event["type"], ended_at=at, duration_ms=event.get("duration_ms"))
+        error = event.get("error")
+        if isinstance(error, dict):
+            row["error"] = f"{error.get('code')}: {error.get('message')}"
+        elif isinstance(event.get("reason"), str):  # an outcome unknown: why
+            row["error"] = event["reason"]
     return list(rows.values())
 
 
