@@ -220,7 +220,9 @@ def test_docs_and_pages_load_nothing_from_another_host(server: Server) -> None:
         assert not any(p.startswith(("/console", "/docs")) for p in openapi["paths"])
 
 
-_ROW_LINK = re.compile(r'<th scope="row"><a class="ident" href="/console/calls/(call_[0-9a-f]+)"')
+_ROW_LINK = re.compile(
+    r'<th scope="row" data-label="Call"><a href="/console/calls/(call_[0-9a-f]+)"'
+)
 _OLDER = re.compile(r'<a href="(/console/calls\?cursor=[^"]+)">Older calls</a>')
 
 
