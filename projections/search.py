@@ -56,7 +56,8 @@ def page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
 
 def recent_sql(d: Dialect, tenant_id: str, limit: int, before: str | None) -> Query:
     """The tenant's calls newest first, after the cursor ``before`` (``ValueError``: not a
-    cursor of :func:`recent_page_of`). No index orders the calls by time: the database sorts
+    cursor of :func:`recent_page_of`). PostgreSQL reads a page from the index
+    ``tool_calls_recent`` (migration 0006); the embedded file has no such index yet and sorts
     the tenant's calls, which is why the adapters run it as a scan (:meth:`CallReads._read`)."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
