@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["POSTGRES", "SQLITE", "Dialect", "Query", "aware", "sqlite_time"]
+__all__ = ["POSTGRES", "SQLITE", "Dialect", "Query", "aware", "sqlite_table_time", "sqlite_time"]
 
 Query = tuple[str, Sequence[Any]]
 """SQL text with the dialect's placeholders, and its parameters in order."""
@@ -24,6 +24,8 @@ class Dialect:
     mark: str  # the driver's placeholder
     collate: str  # appended to text comparisons and orderings: code point order everywhere
     time: Callable[[datetime], Any]  # a time parameter as the views' time columns hold it
+    # a time parameter compared with a time column of the tables themselves (tool_calls)
+    table_time: Callable[[datetime], Any]
 
 
 def aware(value: datetime) -> datetime:
@@ -38,5 +40,12 @@ def sqlite_time(value: datetime) -> str:
     return aware(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-SQLITE = Dialect("?", "", sqlite_time)
-POSTGRES = Dialect("%s", ' COLLATE "C"', aware)
+def sqlite_table_time(value: datetime) -> str:
+    """The SQLite tables' time text: what ``isoformat()`` wrote there, the offset kept (a
+    time read from those tables compares equal to its own row)."""
+    aware(value)  # a naive time is refused
+    return value.isoformat()
+
+
+SQLITE = Dialect("?", "", sqlite_time, sqlite_table_time)
+POSTGRES = Dialect("%s", ' COLLATE "C"', aware, aware)

@@ -240,6 +240,9 @@ class KafkaProjector:
         """New events applied (redeliveries not counted)."""
         self.unavailable = 0
         """Times an apply failed because PostgreSQL was unavailable."""
+        self.assigned = asyncio.Event()
+        """Set once a rebalance assigned partitions (possibly none) and they were sought to
+        the positions PostgreSQL holds."""
 
     # ------------------------------------------------------------------- lifecycle
 
@@ -249,6 +252,7 @@ class KafkaProjector:
         self._stopping = False
         self._failure = None
         self._stored.clear()
+        self.assigned.clear()
         self._consumer = AIOKafkaConsumer(**self._consumer_config)
         self._consumer.subscribe(
             [self.topics.outcomes, self.topics.dead_letters], listener=_Listener(self)
@@ -304,6 +308,11 @@ class KafkaProjector:
             return False  # the database is away: not caught up (the loop retries the batch)
         return all(stored.get(tp.partition, 0) >= offset for tp, offset in end.items())
 
+    @property
+    def positions(self) -> dict[TopicPartition, int]:
+        """The assigned partitions and their positions: what is applied of each."""
+        return dict(self._stored)
+
     # -------------------------------------------------------------------- rebalance
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
@@ -329,6 +338,7 @@ class KafkaProjector:
                 self._consumer.seek(tp, position)
                 self._stored[tp] = position
             log.info("projector %s assigned %s", self.name, sorted(map(str, assigned)))
+            self.assigned.set()
 
     # ------------------------------------------------------------------------- loop
 

@@ -1,6 +1,6 @@
-"""The calls half of the read side (get, search, events, applied), written once over a
-:class:`~projections.dialect.Dialect`: the SQLite and PostgreSQL adapters only run the
-queries (:meth:`CallReads._fetch`)."""
+"""The calls half of the read side (get, search, recent, events, applied), written once over
+a :class:`~projections.dialect.Dialect`: the SQLite and PostgreSQL adapters only run the
+queries (:meth:`CallReads._fetch`, :meth:`CallReads._read`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from typing import Any
 
 from projections.dialect import Dialect, Query
 from projections.rows import ENVELOPE_COLUMNS, audit_payload
-from schemas.calls import CallFilter, CallView, Page, encode_cursor
+from schemas.calls import (
+    CallFilter,
+    CallView,
+    Page,
+    decode_recent_cursor,
+    encode_cursor,
+    encode_recent_cursor,
+)
 
 CALL_SELECT = (
     "SELECT call_id, tenant_id, tool_name, tool_version, idempotency_key, args_digest, status, "
@@ -45,6 +52,32 @@ def page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
     views = [CallView.from_row(r) for r in rows[:limit]]
     more = len(rows) > limit
     return Page(views, encode_cursor(views[-1].call_id) if more and views else None)
+
+
+def recent_sql(d: Dialect, tenant_id: str, limit: int, before: str | None) -> Query:
+    """The tenant's calls newest first, after the cursor ``before`` (``ValueError``: not a
+    cursor of :func:`recent_page_of`). PostgreSQL reads a page from the index
+    ``tool_calls_recent`` (migration 0006); the embedded file has no such index yet and sorts
+    the tenant's calls, which is why the adapters run it as a scan (:meth:`CallReads._read`)."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    m, c = d.mark, d.collate
+    clauses, params = [f"tenant_id = {m}"], [tenant_id]
+    if before is not None:
+        at, call_id = decode_recent_cursor(before)
+        clauses.append(f"(created_at < {m} OR (created_at = {m} AND call_id{c} < {m}))")
+        params += [d.table_time(at), d.table_time(at), call_id]
+    sql = (
+        f"{CALL_SELECT} WHERE {' AND '.join(clauses)} "
+        f"ORDER BY created_at DESC, call_id{c} DESC LIMIT {int(limit) + 1}"
+    )
+    return sql, params
+
+
+def recent_page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
+    views = [CallView.from_row(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return Page(views, encode_recent_cursor(views[-1]) if more and views else None)
 
 
 def events_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
@@ -85,6 +118,11 @@ class CallReads(ABC):
     async def _fetch(self, query: Query) -> list[dict[str, Any]]:
         """The rows of one lookup by id or key, as dicts by column name."""
 
+    @abstractmethod
+    async def _read(self, *queries: Query) -> list[list[dict[str, Any]]]:
+        """The rows of each query, from one snapshot, run as a scan may be: off the event loop
+        on the embedded file (the governance reads run the same way)."""
+
     async def get(self, tenant_id: str, call_id: str) -> CallView | None:
         rows = await self._fetch(get_sql(self.dialect, tenant_id, call_id))
         return CallView.from_row(rows[0]) if rows else None
@@ -94,6 +132,10 @@ class CallReads(ABC):
     ) -> Page:
         rows = await self._fetch(search_sql(self.dialect, tenant_id, where, limit, after))
         return page_of(rows, limit)
+
+    async def recent(self, tenant_id: str, *, limit: int, before: str | None) -> Page:
+        (rows,) = await self._read(recent_sql(self.dialect, tenant_id, limit, before))
+        return recent_page_of(rows, limit)
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
         return events_of(await self._fetch(events_sql(self.dialect, tenant_id, call_id)))

@@ -210,30 +210,65 @@ class ApprovalPage:
 
 
 _APPROVAL_CURSOR = "apr1"
+_RECENT_CURSOR = "new1"
+
+
+def _pack(*parts: str) -> str:
+    """A cursor: ``parts`` (a tag first) as URL-safe base64 of a JSON list."""
+    raw = json.dumps(parts, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _unpack(cursor: str, tag: str, size: int) -> list[str]:
+    """The parts after the tag of a cursor :func:`_pack` made with ``tag`` and ``size`` parts
+    in all; ``ValueError`` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
+        parts = json.loads(raw)
+    except ValueError as exc:  # binascii, UTF-8, JSON
+        raise ValueError("not a cursor of this API") from exc
+    if (
+        not isinstance(parts, list)
+        or len(parts) != size
+        or parts[0] != tag
+        or not all(isinstance(p, str) for p in parts)
+    ):
+        raise ValueError("not a cursor of this API")
+    return parts[1:]
 
 
 def encode_approval_cursor(view: ApprovalView) -> str:
     """The position after ``view`` in the order (requested_at, approval_id, tenant_id)."""
-    raw = json.dumps(
-        [_APPROVAL_CURSOR, view.requested_at.isoformat(), view.approval_id, view.tenant_id],
-        separators=(",", ":"),
-    )
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return _pack(_APPROVAL_CURSOR, view.requested_at.isoformat(), view.approval_id, view.tenant_id)
 
 
 def decode_approval_cursor(cursor: str) -> tuple[datetime, str, str]:
     """(requested_at, approval_id, tenant_id); ``ValueError`` for a cursor this API did not
     hand out."""
+    at, approval_id, tenant_id = _unpack(cursor, _APPROVAL_CURSOR, 4)
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
-        tag, at, approval_id, tenant_id = json.loads(raw)
-        if tag != _APPROVAL_CURSOR or not isinstance(approval_id, str):
-            raise ValueError
-        if not isinstance(tenant_id, str) or not isinstance(at, str):
-            raise ValueError
         return _utc(datetime.fromisoformat(at)), approval_id, tenant_id
-    except (ValueError, TypeError) as exc:  # binascii, JSON, unpacking, ISO, naive
+    except ValueError as exc:  # not ISO 8601, or naive
         raise ValueError("not a cursor of this API") from exc
+
+
+def encode_recent_cursor(view: CallView) -> str:
+    """The position after ``view`` in the order newest first (created_at, then call_id, both
+    descending). The time keeps its offset: the embedded tables compare it as the text
+    ``isoformat()`` wrote."""
+    return _pack(_RECENT_CURSOR, view.created_at.isoformat(), view.call_id)
+
+
+def decode_recent_cursor(cursor: str) -> tuple[datetime, str]:
+    """(created_at, call_id); ``ValueError`` for a cursor this API did not hand out."""
+    at, call_id = _unpack(cursor, _RECENT_CURSOR, 3)
+    try:
+        created_at = datetime.fromisoformat(at)
+    except ValueError as exc:
+        raise ValueError("not a cursor of this API") from exc
+    if created_at.tzinfo is None or not call_id.startswith("call_") or len(call_id) > 64:
+        raise ValueError("not a cursor of this API")
+    return created_at, call_id
 
 
 class SwitchView(BaseModel):
@@ -410,6 +445,10 @@ class CallQueries(Protocol):
     async def search(
         self, tenant_id: str, where: CallFilter, *, limit: int, after: str | None
     ) -> Page: ...
+
+    async def recent(self, tenant_id: str, *, limit: int, before: str | None) -> Page:
+        """The tenant's calls, newest first (by creation time, then call id); ``before``: a
+        ``next_cursor`` of this query (``ValueError`` if it is not one)."""
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None: ...
 

@@ -311,7 +311,9 @@ def projector(
     postgres: PostgresOption = DEFAULT_POSTGRES,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
-    ready_file: Annotated[str | None, typer.Option(help="Touched once started.")] = None,
+    ready_file: Annotated[
+        str | None, typer.Option(help="Touched once its partitions are assigned.")
+    ] = None,
     batch_max: Annotated[
         int, typer.Option(min=1, help="Most outcome records applied in one transaction.")
     ] = 2000,

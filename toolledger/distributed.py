@@ -1,15 +1,25 @@
-"""Wiring of the distributed backend: executor and transport on Kafka, projections in Postgres."""
+"""Wiring of the distributed backend: executor and transport on Kafka, projections in Postgres.
+
+``toolledger executor`` and ``toolledger projector`` run until SIGTERM. Each says once, on
+stderr whatever the log level, when it is ready: its consumer group, and the partitions it was
+assigned with the position it starts each one at. While it starts, a group coordinator Kafka
+cannot name yet (a new cluster makes its offsets topic on the first lookup) is logged at INFO:
+aiokafka logs it at ERROR and retries."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
@@ -23,8 +33,10 @@ from toolledger.kafka_admin import ensure_topics
 if TYPE_CHECKING:
     from processors.groups.facts import StepTool
     from projections.groups import GroupRebuild
+    from projections.projector import KafkaProjector
 
 log = logging.getLogger("toolledger")
+COORDINATOR_LOG = "aiokafka.consumer.group_coordinator"
 
 
 async def wait_for_signal() -> None:
@@ -33,6 +45,88 @@ async def wait_for_signal() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+class CoordinatorNotYetAvailable(logging.Filter):
+    """aiokafka's "Group Coordinator Request failed" for a coordinator not available yet, at
+    INFO instead of ERROR: it is retried until the broker names one. Shown only where the
+    logger shows INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.levelno < logging.ERROR or not any(
+            isinstance(arg, GroupCoordinatorNotAvailableError) for arg in args
+        ):
+            return True
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[CoordinatorNotYetAvailable]:
+    """While a process starts: a coordinator not available yet is no error (see
+    :class:`CoordinatorNotYetAvailable`); the filter is removed at the end, or by
+    :func:`run_until_signal` once the process is ready."""
+    quiet = CoordinatorNotYetAvailable()
+    logging.getLogger(COORDINATOR_LOG).addFilter(quiet)
+    try:
+        yield quiet
+    finally:
+        logging.getLogger(COORDINATOR_LOG).removeFilter(quiet)
+
+
+async def run_until_signal(
+    ready: Callable[[], Awaitable[str]],
+    quiet: CoordinatorNotYetAvailable,
+    ready_file: str | None,
+) -> None:
+    """Until SIGTERM or SIGINT; meanwhile, once ``ready`` answers its line: the coordinator's
+    errors are errors again, the line is printed on stderr and ``ready_file`` is written."""
+
+    async def announce() -> None:
+        line = await ready()
+        logging.getLogger(COORDINATOR_LOG).removeFilter(quiet)
+        print(line, file=sys.stderr, flush=True)
+        if ready_file:
+            await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
+
+    announcing = asyncio.create_task(announce())
+    try:
+        await wait_for_signal()
+    finally:
+        announcing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcing
+
+
+def at_positions(positions: Mapping[int, int]) -> str:
+    """``0@12 1@0``: partitions at their positions (or that there are none)."""
+    if not positions:
+        return "no partitions (the group's other members have them)"
+    return "partitions " + " ".join(f"{p}@{at}" for p, at in sorted(positions.items()))
+
+
+async def executor_ready(executor: KafkaExecutor) -> str:
+    """The executor's ready line, once it owns partitions (taken over: fenced, restored)."""
+    await executor.assigned.wait()
+    owned = {p: o.worker.position for p, o in executor.owned.items()}
+    return (
+        f"toolledger executor ready: group {executor.topics.executor_group}, "
+        f"{executor.topics.intents} {at_positions(owned)} (partition@position)"
+    )
+
+
+async def projector_ready(projector: KafkaProjector) -> str:
+    """The projector's ready line, once its partitions are assigned and sought to the
+    positions PostgreSQL holds."""
+    await projector.assigned.wait()
+    by_topic: dict[str, dict[int, int]] = {
+        topic: {} for topic in (projector.topics.outcomes, projector.topics.dead_letters)
+    }
+    for tp, position in projector.positions.items():
+        by_topic.setdefault(tp.topic, {})[tp.partition] = position
+    held = ", ".join(f"{topic} {at_positions(at)}" for topic, at in by_topic.items())
+    return f"toolledger projector ready: group {projector.name}, {held} (partition@position)"
 
 
 async def run_executor(
@@ -59,16 +153,14 @@ async def run_executor(
         state_dir=state_dir,
         cache_entries=cache_entries,
     )
-    await executor.start()
-    log.info("executor started", extra={"group": topics.executor_group, "tools": len(registry)})
-    if ready_file:
-        await executor.assigned.wait()
-        await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
-    try:
-        await wait_for_signal()
-    finally:
-        await executor.stop()
-        log.info("executor stopped")
+    with starting() as quiet:
+        await executor.start()
+        log.info("executor started", extra={"group": topics.executor_group, "tools": len(registry)})
+        try:
+            await run_until_signal(functools.partial(executor_ready, executor), quiet, ready_file)
+        finally:
+            await executor.stop()
+            log.info("executor stopped")
 
 
 async def run_projector(
@@ -90,18 +182,19 @@ async def run_projector(
     await migrate(postgres)
     async with PostgresProjection(postgres) as projection:
         projector = KafkaProjector(bootstrap, topics, projection, batch_max=batch_max)
-        await projector.start()
-        log.info("projector started", extra={"group": projector.name})
-        if ready_file:
-            await asyncio.to_thread(Path(ready_file).write_text, "ready\n")
-        try:
-            async with audit_retention_of(
-                functools.partial(prune_postgres, postgres), audit_retention
-            ):
-                await wait_for_signal()
-        finally:
-            await projector.stop()
-            log.info("projector stopped")
+        with starting() as quiet:
+            await projector.start()
+            log.info("projector started", extra={"group": projector.name})
+            try:
+                async with audit_retention_of(
+                    functools.partial(prune_postgres, postgres), audit_retention
+                ):
+                    await run_until_signal(
+                        functools.partial(projector_ready, projector), quiet, ready_file
+                    )
+            finally:
+                await projector.stop()
+                log.info("projector stopped")
 
 
 class ProjectorsRunning(RuntimeError):

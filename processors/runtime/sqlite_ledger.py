@@ -88,6 +88,7 @@ CREATE INDEX IF NOT EXISTS tool_calls_due ON tool_calls (tool_name, settled_at, 
     WHERE settled_at IS NOT NULL AND expired_at IS NULL;
 CREATE INDEX IF NOT EXISTS tool_calls_unresolved ON tool_calls (created_at)
     WHERE settled_at IS NULL AND expired_at IS NULL;
+CREATE INDEX IF NOT EXISTS tool_calls_recent ON tool_calls (tenant_id, created_at, call_id);
 CREATE TABLE IF NOT EXISTS intents (
     seq INTEGER PRIMARY KEY, call_key TEXT NOT NULL, at REAL NOT NULL,
     arguments_json TEXT NOT NULL);

@@ -57,7 +57,8 @@ async def _answer_problem(request: Request, exc: ProblemError) -> Response:
     return exc.response()
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+async def answer_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's own HTTP errors (no route for the path, not this method) as problems."""
     code = {405: "METHOD_NOT_ALLOWED", 404: "NOT_FOUND"}.get(exc.status_code, "INTERNAL")
     p = Problem(
         type=f"/problems/{code}",
@@ -78,5 +79,5 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> Res
 
 def install_problem_handlers(app: FastAPI) -> None:
     app.exception_handler(ProblemError)(_answer_problem)
-    app.exception_handler(StarletteHTTPException)(_http_error)
+    app.exception_handler(StarletteHTTPException)(answer_http_error)
     app.exception_handler(RequestValidationError)(_invalid_request)

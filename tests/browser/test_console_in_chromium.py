@@ -193,6 +193,7 @@ def test_every_page_at_1280_and_390(browser: Browser, server: Server, screenshot
     call_id = made.json()["call_id"]
     approval_id = _approval(server, "charge_card", CHARGE, _key("shot"))
     pages = {
+        "recent": "/console/calls",
         "calls": f"/console/calls?tool=create_ticket&key={made.json()['idempotency_key']}",
         "call": f"/console/calls/{call_id}",
         "approvals": "/console/approvals",
@@ -201,6 +202,7 @@ def test_every_page_at_1280_and_390(browser: Browser, server: Server, screenshot
         "stats": "/console/stats",
         "groups": "/console/groups",
         "not-found": "/console/calls/call_" + "0" * 32,
+        "no-page": "/console/nope",
         "docs": "/docs",
     }
     for width in WIDTHS:

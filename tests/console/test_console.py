@@ -3,6 +3,8 @@ checks, scopes and tenants, the API's decision rules (403, 404, 409), and inert 
 
 from __future__ import annotations
 
+import html
+import re
 import time
 import uuid
 from typing import Any
@@ -216,3 +218,72 @@ def test_docs_and_pages_load_nothing_from_another_host(server: Server) -> None:
             assert "http://" not in page.text and "https://" not in page.text, path
         openapi = client.get("/openapi.json").json()
         assert not any(p.startswith(("/console", "/docs")) for p in openapi["paths"])
+
+
+_ROW_LINK = re.compile(
+    r'<th scope="row" data-label="Call"><a href="/console/calls/(call_[0-9a-f]+)"'
+)
+_OLDER = re.compile(r'<a href="(/console/calls\?cursor=[^"]+)">Older calls</a>')
+
+
+def _listed(page: httpx.Response) -> list[str]:
+    assert page.status_code == 200, page.text[:2000]
+    return _ROW_LINK.findall(page.text)
+
+
+def test_the_calls_page_lists_recent_calls_newest_first_in_pages(server: Server) -> None:
+    """Before any search: the tenant's calls, newest first, 50 a page, then older ones; a
+    succeeded call's page has one attempt, with its outcome."""
+    ours = [
+        _call(server, "create_ticket", {"title": f"t{i}"}, _key(), GLOBEX).json()["call_id"]
+        for i in range(51)
+    ]
+    acme = _call(server, "create_ticket", {"title": "acme's"}, _key()).json()["call_id"]
+    newest_first = ours[::-1]
+    with console(server) as client:
+        sign_in(client, GLOBEX)
+        deadline = time.monotonic() + 30  # the Kafka backend's projection may lag a moment
+        while (first := client.get("/console/calls")).text.count(newest_first[0]) == 0:
+            assert time.monotonic() < deadline, "the newest call never showed"
+            time.sleep(0.2)
+        assert "Recent calls" in first.text and "Older calls" in first.text
+        assert _listed(first) == newest_first[:50]
+        older = _OLDER.search(first.text)
+        assert older, first.text[:2000]
+        second = client.get(html.unescape(older.group(1)))
+        assert _listed(second)[:1] == newest_first[50:] and "back to the newest" in second.text
+        assert acme not in first.text + second.text
+        call = client.get(f"/console/calls/{ours[0]}").text
+        attempts = call[call.index('id="attempts-title"') : call.index('id="timeline-title"')]
+        assert attempts.count("<tr>") == 2  # the header and one attempt
+        assert "ToolCallSucceeded" in attempts and "no outcome yet" not in attempts
+
+
+def test_unknown_pages_wrong_methods_and_bad_links_are_pages(server: Server) -> None:
+    """The console answers errors as pages of their status (signed in: with the console's
+    navigation); the API's paths still answer problems."""
+    with console(server) as client:
+        anonymous = client.get("/console/nope")
+        assert anonymous.status_code == 404
+        assert anonymous.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in anonymous.headers["content-security-policy"]
+        assert "The console has no page at /console/nope." in anonymous.text
+        assert 'href="/console/sign-in"' in anonymous.text
+        asset = client.get("/console/static/nope.css")
+        assert asset.status_code == 404 and "<!doctype html>" in asset.text
+        csrf = sign_in(client, ACME)
+        signed = client.get("/console/calls/x/y/<b>z</b>")
+        assert signed.status_code == 404 and "Signed in as" in signed.text
+        assert "&lt;b&gt;z&lt;/b&gt;" in signed.text and "<b>z</b>" not in signed.text
+        wrong = _post(client, server, "/console/calls", csrf=csrf)
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+        assert "does not take POST" in wrong.text and "Signed in as" in wrong.text
+        too_long = client.get("/console/calls", params={"key": "k" * 256})
+        assert too_long.status_code == 400 and "This page cannot take" in too_long.text
+        assert "query.key" in too_long.text
+        foreign = client.get("/console/calls", params={"cursor": "not-a-cursor"})
+        assert foreign.status_code == 400
+        assert "The page link is not one this console gave out." in foreign.text
+        api = client.get("/v1/nope")
+        assert api.status_code == 404
+        assert api.headers["content-type"].startswith("application/problem+json")

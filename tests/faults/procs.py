@@ -1,4 +1,5 @@
-"""Executors as real processes, so the fault tests can SIGKILL, SIGSTOP and SIGCONT them."""
+"""Executors and projectors as real processes, so the fault tests can SIGKILL, SIGSTOP and
+SIGCONT them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ AGENT = TrustedContext("acme", "fault-agent")
 
 
 @dataclass
-class ExecutorProcess:
+class CliProcess:
+    """A ``toolledger`` command (``what``: executor or projector) running in its own process,
+    its stdout and stderr in ``log_path``."""
+
+    what: str
     process: subprocess.Popen[bytes]
     log_path: Path
     ready_file: Path
@@ -38,9 +43,11 @@ class ExecutorProcess:
         deadline = time.monotonic() + timeout_s
         while not self.ready_file.exists():
             if self.process.poll() is not None:
-                raise AssertionError(f"executor exited early:\n{self.log()[-3000:]}")
+                raise AssertionError(f"{self.what} exited early:\n{self.log()[-3000:]}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"executor not ready in {timeout_s} s:\n{self.log()[-3000:]}")
+                raise AssertionError(
+                    f"{self.what} not ready in {timeout_s} s:\n{self.log()[-3000:]}"
+                )
             await asyncio.sleep(0.1)
 
     def log(self) -> str:
@@ -66,14 +73,15 @@ class ExecutorProcess:
 
 @dataclass
 class Cluster:
-    """A topic layout, a shared downstream store and the executor processes running on it."""
+    """A topic layout, a shared downstream store and the executor (and projector) processes
+    running on it."""
 
     services: Services
     workdir: Path
     topics: Topics = field(default_factory=lambda: Topics(f"f{uuid.uuid4().hex[:10]}.", 4))
     timeout_s: float = 3.0
     flaky_timeout_s: float = 3.0
-    processes: list[ExecutorProcess] = field(default_factory=list)
+    processes: list[CliProcess] = field(default_factory=list)
 
     @property
     def helpdesk_db(self) -> Path:
@@ -82,24 +90,10 @@ class Cluster:
     def store(self) -> HelpdeskStore:
         return HelpdeskStore(self.helpdesk_db)
 
-    def spawn(self) -> ExecutorProcess:
-        n = len(self.processes)
-        ready = self.workdir / f"executor-{n}.ready"
-        log_path = self.workdir / f"executor-{n}.log"
-        env = dict(os.environ, TOOLLEDGER_REDACTION_SECRET="00" * 32)
-        command = [
-            sys.executable,
-            "-m",
-            "toolledger.cli",
-            "--log-level",
-            "INFO",
+    def spawn(self) -> CliProcess:
+        """An executor."""
+        return self._start(
             "executor",
-            "--kafka",
-            self.services.kafka,
-            "--prefix",
-            self.topics.prefix,
-            "--partitions",
-            str(self.topics.partitions),
             "--helpdesk-db",
             str(self.helpdesk_db),
             "--timeout-s",
@@ -108,20 +102,45 @@ class Cluster:
             str(self.flaky_timeout_s),
             "--session-timeout-ms",
             str(SESSION_TIMEOUT_MS),
+        )
+
+    def spawn_projector(self, postgres: str, *options: str) -> CliProcess:
+        """A projector into the database ``postgres``, with more ``options``."""
+        return self._start("projector", "--postgres", postgres, *options)
+
+    def _start(self, what: str, *options: str) -> CliProcess:
+        n = len(self.processes)
+        ready = self.workdir / f"{what}-{n}.ready"
+        log_path = self.workdir / f"{what}-{n}.log"
+        env = dict(os.environ, TOOLLEDGER_REDACTION_SECRET="00" * 32)
+        command = [
+            sys.executable,
+            "-m",
+            "toolledger.cli",
+            "--log-level",
+            "INFO",
+            what,
+            "--kafka",
+            self.services.kafka,
+            "--prefix",
+            self.topics.prefix,
+            "--partitions",
+            str(self.topics.partitions),
             "--ready-file",
             str(ready),
+            *options,
         ]
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
             )
-        executor = ExecutorProcess(process, log_path, ready)
-        self.processes.append(executor)
-        return executor
+        started = CliProcess(what, process, log_path, ready)
+        self.processes.append(started)
+        return started
 
     def stop_all(self) -> None:
-        for executor in self.processes:
-            executor.terminate()
+        for started in self.processes:
+            started.terminate()
 
 
 async def settle(

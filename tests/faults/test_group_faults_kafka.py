@@ -38,7 +38,7 @@ from schemas.events import (
 )
 from schemas.keys import CallKey
 from schemas.topics import Topics
-from tests.faults.procs import Cluster, ExecutorProcess, read_outcomes
+from tests.faults.procs import CliProcess, Cluster, read_outcomes
 from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
 from tests.services import Services
 
@@ -313,7 +313,7 @@ async def test_kill_9_of_the_executor_mid_group_runs_nothing_twice_and_groups_fi
     ids = await _submit(front, groups)
     await _all_mid_flight(cluster, front, ids)
     executor.kill()  # SIGKILL: three handlers in flight, transactions left open
-    successor: ExecutorProcess = cluster.spawn()
+    successor: CliProcess = cluster.spawn()
     await successor.ready(timeout_s=90)
     finished = await _finished(front, ids)
     by_key = await _assert_nothing_twice(cluster, groups, finished)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
@@ -15,34 +12,9 @@ import pytest
 from producers.client import LedgerClient
 from projections.postgres import PostgresProjection
 from projections.projector import rebuild
-from tests.faults.procs import AGENT, ROOT, Cluster, read_outcomes
+from tests.faults.procs import AGENT, Cluster, read_outcomes
 
 pytestmark = pytest.mark.services
-
-
-def _spawn_projector(cluster: Cluster, dsn: str, n: int) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "toolledger.cli",
-        "--log-level",
-        "INFO",
-        "projector",
-        "--kafka",
-        cluster.services.kafka,
-        "--postgres",
-        dsn,
-        "--prefix",
-        cluster.topics.prefix,
-        "--partitions",
-        str(cluster.topics.partitions),
-        "--batch-max",  # small transactions: a kill lands mid-way even on a fast machine
-        "100",
-    ]
-    with open(cluster.workdir / f"projector-{n}.log", "wb") as log:
-        return subprocess.Popen(
-            command, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT
-        )
 
 
 def _applied(dsn: str) -> int:
@@ -73,8 +45,9 @@ async def test_sigkilled_projector_resumes_without_gaps_or_duplicates(
 
     live_dsn = await cluster.services.fresh_database()
     kills = 0
-    for n in range(6):
-        projector = _spawn_projector(cluster, live_dsn, n)
+    for _ in range(6):
+        # small transactions: a kill lands mid-way even on a fast machine
+        projector = cluster.spawn_projector(live_dsn, "--batch-max", "100").process
         while projector.poll() is None and _applied(live_dsn) < total:
             await asyncio.sleep(rng.uniform(0.01, 0.1))
             applied = _applied(live_dsn)

@@ -8,18 +8,20 @@ Needs ``TOOLLEDGER_POSTGRES`` (see ``tests/services.py``); each test gets a fres
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from projections.dialect import sqlite_time
+from projections.dialect import POSTGRES, sqlite_time
 from projections.postgres import PostgresCalls, PostgresProjection, load_migrations
 from projections.rows import Position
+from projections.search import recent_sql
 from projections.sqlite import GOVERNANCE_VIEWS, SqliteCalls
-from schemas.calls import STAT_COUNTS, STAT_RATES
+from schemas.calls import STAT_COUNTS, STAT_RATES, CallView, encode_recent_cursor
+from schemas.status import CallStatus
 from tests.services import Services
 from tests.unit.test_governance_views import (
     SCENARIOS,
@@ -164,3 +166,37 @@ async def test_migration_0002_is_applied_and_recorded(dsn: str) -> None:
         indexes = {r[0] for r in await cur.fetchall()}
         assert {"tool_call_events_by_approval", "tool_call_events_governance"} <= indexes
         assert "tool_call_events_by_run" in indexes  # from 0001: the run budgets use it
+
+
+async def test_the_recent_calls_are_read_from_their_index(dsn: str) -> None:
+    """Migration 0006: a page of the recent calls, first or later, is a backward scan of
+    ``tool_calls_recent`` (the planner told to avoid a sort of the whole table)."""
+    first = recent_sql(POSTGRES, "acme", 50, None)
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    later = recent_sql(POSTGRES, "acme", 50, encode_recent_cursor(_view_at(at)))
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("SET enable_seqscan = off")
+        await conn.execute("SET enable_sort = off")
+        for sql, params in (first, later):
+            cur = await conn.execute(f"EXPLAIN {sql}".encode(), params)
+            plan = "\n".join(r[0] for r in await cur.fetchall())
+            assert "Index Scan Backward using tool_calls_recent" in plan, plan
+            assert "Sort" not in plan, plan
+
+
+def _view_at(created_at: datetime) -> CallView:
+    return CallView(
+        call_id="call_" + "0" * 32,
+        tenant_id="acme",
+        tool="t",
+        tool_version="1",
+        idempotency_key="k",
+        args_digest="d",
+        status=CallStatus.SUCCEEDED,
+        ok=True,
+        attempts=1,
+        created_at=created_at,
+        updated_at=created_at,
+        last_event_id="e",
+        last_intent_id="i",
+    )

@@ -762,11 +762,66 @@ def vars_of(usage: RunUsage) -> list[Any]:
     return [usage.attempts, usage.repeats, usage.fingerprint]
 
 
+def recent_events() -> list[Batch]:
+    log = Log("recent")
+    at = {"r1": T0, "r2": T0 + MIN, "r3": T0 + 2 * MIN, "r4": T0 + 2 * MIN, "r5": T0 + 2 * MIN + US}
+    for idem, when in at.items():  # r3 and r4 were created at the same time
+        log.started(Key("acme", SEND, idem), f"i-{idem}", when)
+    log.started(Key("globex", SEND, "rg"), "i-rg", T0 + 3 * MIN)
+    log.cut()
+    log.started(Key("acme", SEND, "r6"), "i-r6", T0 + 10 * MIN)
+    log.succeeded(Key("acme", SEND, "r1"), "i-r1", T0 + 20 * MIN)  # updated, not created
+    return log.stages()
+
+
+async def _recent_pages(calls: CallQueries, tenant: str, limit: int) -> list[list[str]]:
+    pages: list[list[str]] = []
+    before: str | None = None
+    while True:
+        page = await calls.recent(tenant, limit=limit, before=before)
+        pages.append([v.call_id for v in page.items])
+        if page.next_cursor is None:
+            return pages
+        before = page.next_cursor
+
+
+async def check_recent(calls: CallQueries, advance: Advance) -> Any:
+    def ids(*idems: str) -> list[str]:
+        return [Key("acme", SEND, i).call_id for i in idems]
+
+    assert (await calls.recent("acme", limit=5, before=None)).items == []
+    await advance()
+    tied = sorted(ids("r3", "r4"), reverse=True)  # the same time: by call id, descending
+    newest_first = [*ids("r5"), *tied, *ids("r2", "r1")]
+    assert await _recent_pages(calls, "acme", 5) == [newest_first]
+    assert await _recent_pages(calls, "acme", 2) == [
+        newest_first[:2],
+        newest_first[2:4],
+        newest_first[4:],
+    ]
+    assert await _recent_pages(calls, "globex", 2) == [[Key("globex", SEND, "rg").call_id]]
+    assert await _recent_pages(calls, "initech", 2) == [[]]
+    first = await calls.recent("acme", limit=2, before=None)
+    assert first.next_cursor is not None
+    await advance()
+    # a cursor handed out before goes on from where it was; a new first page has the new call
+    after_it = await calls.recent("acme", limit=10, before=first.next_cursor)
+    assert [v.call_id for v in after_it.items] == newest_first[2:]
+    assert await _recent_pages(calls, "acme", 10) == [[*ids("r6"), *newest_first]]
+    for bad in ("", "!!!", "eyJ4IjoxfQ", governance_cursor_of_call()):
+        with pytest.raises(ValueError):
+            await calls.recent("acme", limit=2, before=bad)
+    with pytest.raises(ValueError):
+        await calls.recent("acme", limit=0, before=None)
+    return await _recent_pages(calls, "acme", 3)
+
+
 APPROVALS = Scenario("approvals", approval_events, check_approvals)
 SWITCHES = Scenario("switches", switch_events, check_switches)
 STATS = Scenario("stats", stats_events, check_stats)
 RUN_USAGE = Scenario("run_usage", run_events, check_run_usage)
-SCENARIOS = [APPROVALS, SWITCHES, STATS, RUN_USAGE]
+RECENT = Scenario("recent", recent_events, check_recent)
+SCENARIOS = [APPROVALS, SWITCHES, STATS, RUN_USAGE, RECENT]
 
 # ------------------------------------------------------------------------------- SQLite
 
@@ -844,7 +899,8 @@ async def test_a_rebuild_answers_the_same(scenario: Scenario) -> None:
 
 
 async def snapshot(calls: CallQueries) -> dict[str, Any]:
-    """Everything the governance queries answer about the usual tenants, runs and tools."""
+    """Everything the scanning reads (the governance queries, the recent calls) answer about
+    the usual tenants, runs and tools."""
     tenants = ("acme", "globex", "initech")
     out: dict[str, Any] = {}
     for now in (T0, T0 + 30 * MIN, T0 + 700 * MIN):
@@ -852,6 +908,7 @@ async def snapshot(calls: CallQueries) -> dict[str, Any]:
         out[f"approvals@{now.isoformat()}"] = [v.to_json() for v in page.items]
     for tenant in tenants:
         out[f"switches/{tenant}"] = [s.to_json() for s in await calls.switches(tenant)]
+        out[f"recent/{tenant}"] = await _recent_pages(calls, tenant, 4)
     for tenant_or_none in (None, *tenants):
         out[f"stats/{tenant_or_none}"] = (await calls.stats(tenant_or_none)).to_json()
     for tenant in tenants:

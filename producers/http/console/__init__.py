@@ -9,6 +9,7 @@ from fastapi.staticfiles import StaticFiles
 
 from producers.http.console import approvals, calls, docs, groups, signin, stats, switches
 from producers.http.console.charts import History
+from producers.http.console.guard import http_error_page
 from producers.http.console.pages import STATIC
 from producers.http.console.sessions import SessionSettings, SessionStore
 
@@ -17,9 +18,12 @@ __all__ = ["install"]
 
 def install(app: FastAPI, settings: SessionSettings | None = None) -> None:
     """Serve the console, its assets and ``/docs`` from ``app`` (sessions: ``settings``, else
-    the defaults or the environment's, see :meth:`SessionSettings.from_env`)."""
+    the defaults or the environment's, see :meth:`SessionSettings.from_env`); a console path
+    no page has, or a method it does not take, is answered with a page (404, 405)."""
     app.state.console_sessions = SessionStore(settings or SessionSettings.from_env())
     app.state.console_stats = History()
     for module in (signin, calls, approvals, switches, stats, groups, docs):
         app.include_router(module.router)
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
+    for status in (404, 405):
+        app.exception_handler(status)(http_error_page)

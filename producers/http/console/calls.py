@@ -1,7 +1,7 @@
-"""Calls: the search (by call id, idempotency key, run id, tool, status and time) and a call's
-page (its timeline of redacted events, attempts, errors, downstream request ids, approval and
-job). Reads go through ``door.queries`` with the session's tenant: another tenant's call is
-not found."""
+"""Calls: the tenant's recent calls (newest first, before any search), the search (by call
+id, idempotency key, run id, tool, status and time) and a call's page (its timeline of
+redacted events, attempts, errors, downstream request ids, approval and job). Reads go
+through ``door.queries`` with the session's tenant: another tenant's call is not found."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from schemas.status import CallStatus
 PAGE = 50
 SCAN_PAGE = 500
 SCAN_LIMIT = 2_000  # a time range is applied to at most this many matching calls
+FOREIGN_LINK = "The page link is not one this console gave out."
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 Text = Annotated[str, Query(max_length=255)]
@@ -81,6 +82,14 @@ async def _in_range(
     return Found(kept[:PAGE], None, scanned_all=scanned < SCAN_LIMIT)
 
 
+async def recent(door: FrontDoor, tenant_id: str, cursor: str) -> Found:
+    try:
+        page = await door.queries.recent(tenant_id, limit=PAGE, before=cursor or None)
+    except ValueError:
+        raise Refused(400, "Invalid", FOREIGN_LINK) from None
+    return Found(page.items, page.next_cursor)
+
+
 async def search(door: FrontDoor, tenant_id: str, fields: dict[str, str], cursor: str) -> Found:
     if fields["call_id"]:
         found = await find_call(door, tenant_id, fields["call_id"])
@@ -97,7 +106,7 @@ async def search(door: FrontDoor, tenant_id: str, fields: dict[str, str], cursor
     try:
         after = decode_cursor(cursor) if cursor else None
     except ValueError:
-        raise Refused(400, "Invalid", "The page link is not one this console gave out.") from None
+        raise Refused(400, "Invalid", FOREIGN_LINK) from None
     page = await door.queries.search(tenant_id, where, limit=PAGE, after=after)
     if not page.items and where.tool and where.idempotency_key and after is None:
         # a call waiting for a human has no row yet: find it by its key
@@ -136,13 +145,19 @@ async def calls_page(
         "since": since,
         "until": until,
     }
+    tenant = session.context.tenant_id
     searched = any(fields.values())
-    found = await search(door, session.context.tenant_id, fields, cursor) if searched else None
+    if searched:
+        found = await search(door, tenant, fields, cursor)
+    else:
+        found = await recent(door, tenant, cursor)
     return render(
         request,
         "calls.html",
         session,
         fields=fields,
+        searched=searched,
+        paged=bool(cursor),
         found=found,
         tools=sorted(door.tools),
         statuses=[s.value for s in CallStatus],
@@ -164,18 +179,21 @@ def _decoded(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def attempts_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per attempt: when it started and how it ended."""
+    """One row per attempt: its round, when it started and how it ended. Only
+    ``ToolCallStarted`` names the round: an outcome belongs to the round last started."""
     rows: dict[tuple[int, int], dict[str, Any]] = {}
+    current_round = 0
     for event in events:
         attempt = event.get("attempt")
         if not isinstance(attempt, int):
             continue
-        key = (int(event.get("round") or 0), attempt)
+        if event["type"] == "ToolCallStarted":
+            current_round = int(event["round"])
         row = rows.setdefault(
-            key,
+            (current_round, attempt),
             {
                 "attempt": attempt,
-                "round": event.get("round"),
+                "round": current_round or None,
                 "started_at": None,
                 "outcome": None,
                 "ended_at": None,
@@ -186,11 +204,13 @@ def attempts_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         at = event["envelope"]["occurred_at"]
         if event["type"] == "ToolCallStarted":
             row["started_at"] = at
-        else:
-            row.update(outcome=event["type"], ended_at=at, duration_ms=event.get("duration_ms"))
-            error = event.get("error")
-            if isinstance(error, dict):
-                row["error"] = f"{error.get('code')}: {error.get('message')}"
+            continue
+        row.update(outcome=event["type"], ended_at=at, duration_ms=event.get("duration_ms"))
+        error = event.get("error")
+        if isinstance(error, dict):
+            row["error"] = f"{error.get('code')}: {error.get('message')}"
+        elif isinstance(event.get("reason"), str):  # an outcome unknown: why
+            row["error"] = event["reason"]
     return list(rows.values())
 
 

@@ -5,11 +5,15 @@
 - :data:`CheckedForm`: a POST's form, refused with 403 unless it comes from this server's own
   origin (``Origin``, else ``Referer``, when sent) and carries the session's CSRF token
   (compared in constant time).
-- :class:`ConsoleRoute` answers those refusals, and the API's own problems raised by the code
-  the console shares with it (403, 404, 409 ...), as HTML pages with the same status."""
+- :class:`ConsoleRoute` answers those refusals, the API's own problems raised by the code
+  the console shares with it (403, 404, 409 ...), a request FastAPI finds invalid (400) and
+  an error no one expected (500, logged) as HTML pages with the same status;
+  :func:`http_error_page` answers a console path no page has (404) or a method a page does
+  not take (405) the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 from collections.abc import Callable, Coroutine
@@ -17,16 +21,18 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producers.approval_rules import is_operator
 from producers.http.auth import AuthFailure
 from producers.http.console.pages import render
 from producers.http.console.sessions import COOKIE, Session, SessionStore
 from producers.http.door import Door
-from producers.http.errors import ProblemError
-from producers.http.responses import read_capped
+from producers.http.errors import ProblemError, answer_http_error
+from producers.http.responses import field_errors, read_capped
 
 log = logging.getLogger("toolledger.console")
 
@@ -171,6 +177,20 @@ class ConsoleRoute(APIRoute):
             except ProblemError as exc:
                 p = exc.problem
                 return _refusal(request, p.status, p.title, p.detail, p.suggested_action)
+            except RequestValidationError as exc:
+                fields = "; ".join(f"{e.loc}: {e.msg}" for e in field_errors(exc.errors())[:5])
+                return _refusal(request, 400, "Invalid", f"This page cannot take {fields}.", None)
+            except StarletteHTTPException as exc:
+                return await http_error_page(request, exc)
+            except Exception:
+                log.exception("console page failed", extra={"path": request.url.path[:256]})
+                return _refusal(
+                    request,
+                    500,
+                    "Something went wrong",
+                    "The console could not show this page; the server's log has the details.",
+                    "Try again; if it keeps failing, tell whoever runs this server.",
+                )
 
         return answer
 
@@ -188,3 +208,24 @@ def _refusal(
         detail=detail,
         action=action,
     )
+
+
+async def http_error_page(request: Request, exc: StarletteHTTPException) -> Response:
+    """An HTTP error under ``/console`` as a page (the session's, when the request has a live
+    one), with the error's headers (``Allow``); elsewhere the API's problem."""
+    path = request.url.path
+    if path != PREFIX and not path.startswith(PREFIX + "/"):
+        return await answer_http_error(request, exc)
+    if getattr(request.state, "console_session", None) is None:
+        with contextlib.suppress(SignInRequired):
+            await signed_in(request, request.app.state.door)
+    shown = path if len(path) <= 200 else path[:200] + "…"
+    if exc.status_code == 404:
+        title, detail = "Not found", f"The console has no page at {shown}."
+    elif exc.status_code == 405:
+        title, detail = "Not allowed", f"The page at {shown} does not take {request.method}."
+    else:
+        title, detail = "Refused", str(exc.detail)
+    page = _refusal(request, exc.status_code, title, detail, None)
+    page.headers.update(exc.headers or {})
+    return page

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from producers.approval_rules import is_operator
 from producers.http.console.sessions import Session
@@ -50,12 +51,17 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def when(value: datetime | str | None) -> str:
+def when(value: datetime | str | None) -> Markup | str:
+    """A time in UTC, as a ``<time>`` whose date and clock may go on two lines but are never
+    broken themselves (a browser would break a date after a hyphen)."""
     if value is None:
         return "—"
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    utc = value.astimezone(UTC)
+    return Markup('<time datetime="{}"><span>{}</span> <span>{} UTC</span></time>').format(
+        utc.isoformat(), f"{utc:%Y-%m-%d}", f"{utc:%H:%M:%S}"
+    )
 
 
 def status_class(status: str) -> str:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from producers.http.access import tenant_of
-from producers.http.console.charts import SAMPLE_S, History
+from producers.http.console.charts import BOTTOM, HEIGHT, LEFT, RIGHT, SAMPLE_S, TOP, WIDTH, History
 from producers.http.console.guard import PREFIX, ConsoleRoute, Signed, require_operator
 from producers.http.console.pages import render
 from producers.http.door import FrontDoor
@@ -34,4 +34,10 @@ async def stats_page(request: Request, session: Signed) -> Response:
         stats=stats,
         charts=history.charts(scope),
         sample_s=SAMPLE_S,
+        width=WIDTH,
+        height=HEIGHT,
+        left=LEFT,
+        right=RIGHT,
+        top_margin=TOP,
+        bottom=BOTTOM,
     )
