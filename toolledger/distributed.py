@@ -109,7 +109,7 @@ def at_positions(positions: Mapping[int, int]) -> str:
 async def executor_ready(executor: KafkaExecutor) -> str:
     """The executor's ready line, once it owns partitions (taken over: fenced, restored)."""
     await executor.assigned.wait()
-    owned = {p: o.worker.position for p, o in executor.owned.items()}
+    owned = {p: o.executor.position(p) for p, o in executor.owned.items()}
     return (
         f"toolledger executor ready: group {executor.topics.executor_group}, "
         f"{executor.topics.intents} {at_positions(owned)} (partition@position)"
