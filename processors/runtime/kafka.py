@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -44,9 +43,10 @@ from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, Stor
 from processors.runtime.partition import PartitionFailed, PartitionWorker
 from processors.runtime.snapshot import topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
-from schemas.codec import encode
+from schemas.dead_letters import DeadLetterRecord
 from schemas.events import Event, answers_intent
-from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
+from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics
+from schemas.wire import SINGLE_OBJECT, WireFormat
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -61,12 +61,17 @@ class KafkaStore:
         topics: Topics,
         partition: int,
         local: LocalStore,
+        wire: WireFormat = SINGLE_OBJECT,
     ) -> None:
         self._producer = producer
         self._topics = topics
         self._partition = partition
         self._local = local
+        self._wire = wire
         self._committed_offset: int | None = None
+        # the intents fed and not yet behind the committed position, by offset: a dead
+        # letter keeps its original record (key, value, headers)
+        self.fed: dict[int, Any] = {}
 
     async def load(self, partition: int) -> Snapshot:
         return self._local.live()
@@ -92,14 +97,10 @@ class KafkaStore:
             # commit below waits for every batch to be acknowledged.
             outcomes = _Batches(producer, topics.outcomes, p)
             for event in batch.events:
-                await outcomes.append(
-                    event.call_key.encode("utf-8"),
-                    encode(event),
-                    [
-                        (INTENT_ID_HEADER, event.intent_id.encode("utf-8")),
-                        (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
-                    ],
-                )
+                event_key, event_value, headers = self._wire.record(event)
+                headers.append((INTENT_ID_HEADER, event.intent_id.encode("utf-8")))
+                headers.append((ANSWER_HEADER, b"1" if answers_intent(event) else b"0"))
+                await outcomes.append(event_key, event_value, headers)
             states = _Batches(producer, topics.state, p)
             for key, text in topic_pairs(batch):  # tombstones for expired keys: compaction
                 state = batch.states.get(key) if text is not None else None
@@ -111,10 +112,17 @@ class KafkaStore:
                 )
             letters = _Batches(producer, topics.dead_letters, p)
             for letter in batch.dead_letters:
-                reason = json.dumps(
-                    {"partition": p, "offset": letter.offset, "reason": letter.reason}
-                ).encode("utf-8")
-                await letters.append(None, letter.value, [(REASON_HEADER, reason)])
+                original = self.fed.get(letter.offset)
+                dead = DeadLetterRecord(
+                    topics.intents,
+                    p,
+                    letter.offset,
+                    letter.reason,
+                    None if original is None else original.key,
+                    letter.value if original is None else original.value,
+                    () if original is None else tuple(original.headers or ()),
+                )
+                await letters.append(dead.key, dead.value, dead.kafka_headers())
             for batches in (outcomes, states, letters):
                 await batches.flush()
             if batch.next_offset is not None and batch.next_offset != self._committed_offset:
@@ -128,6 +136,8 @@ class KafkaStore:
             raise
         if batch.next_offset is not None:
             self._committed_offset = batch.next_offset
+            while self.fed and next(iter(self.fed)) < batch.next_offset:
+                del self.fed[next(iter(self.fed))]
         # committed: every batch was acknowledged, so the offsets of the state records are known
         last = states.last_offset()
         # the local store takes the same pairs, as a restore would read them
@@ -321,11 +331,16 @@ async def cluster_id(bootstrap: str) -> str:
 
 class _Owned:
     def __init__(
-        self, producer: AIOKafkaProducer, worker: PartitionWorker, local: LocalStore
+        self,
+        producer: AIOKafkaProducer,
+        worker: PartitionWorker,
+        local: LocalStore,
+        store: KafkaStore,
     ) -> None:
         self.producer = producer
         self.worker = worker
         self.local = local
+        self.store = store
 
 
 def default_state_dir(group: str) -> Path:
@@ -367,11 +382,14 @@ class KafkaExecutor:
         client_id: str = "toolledger-executor",
         state_dir: Path | None = None,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        wire: WireFormat = SINGLE_OBJECT,
     ) -> None:
         """``state_dir``: where the local stores of owned partitions live, kept across
         restarts (None: :func:`default_state_dir`, one directory per consumer group on this
-        host). ``cache_entries``: call keys held in memory by all partitions together."""
+        host). ``cache_entries``: call keys held in memory by all partitions together.
+        ``wire``: the framing of the outcome events it writes (:mod:`schemas.wire`)."""
         self.bootstrap = bootstrap
+        self._wire = wire
         self.topics = topics
         self._stages = stages
         self._concurrency = concurrency
@@ -540,10 +558,11 @@ class KafkaExecutor:
                 self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
             tp = TopicPartition(self.topics.intents, p)
             position = await self._consumer.committed(tp) or 0
+            store = KafkaStore(producer, self.topics, p, local, self._wire)
             worker = PartitionWorker(
                 p,
                 position,
-                KafkaStore(producer, self.topics, p, local),
+                store,
                 self._stages,
                 epoch=int(time.time() * 1000),
                 concurrency=self._concurrency,
@@ -565,7 +584,7 @@ class KafkaExecutor:
             "partition acquired",
             extra={"partition": p, "position": position, "restored": self.restored[p]},
         )
-        return _Owned(producer, worker, local)
+        return _Owned(producer, worker, local, store)
 
     def _open_store(self, p: int) -> LocalStore:
         """The partition's local store in the state directory; if another executor on this
@@ -656,8 +675,11 @@ class KafkaExecutor:
                 return
             if owner.worker.failed is not None:
                 return
+            owner.store.fed[record.offset] = record
             try:
-                await owner.worker.feed(record.offset, record.value or b"")
+                await owner.worker.feed(
+                    record.offset, self._wire.to_single_object(record.value or b"")
+                )
             except PartitionFailed:
                 return
             except Exception as exc:  # a bug: stop this partition, re-acquiring seeks back
