@@ -120,10 +120,11 @@ from processors.runtime.kafka import KafkaExecutor
 from processors.tools.redaction import Redactor
 from producers.client import LedgerClient, TrustedContext
 from producers.kafka import KafkaTransport
-from projections.postgres import ApplyResult, DeadLetter, PostgresProjection, migrate
+from projections.postgres import ApplyResult, PostgresProjection, migrate
 from projections.projector import KafkaProjector
 from projections.rows import EVENT_COLUMNS, Position
 from schemas.codec import encode
+from schemas.dead_letters import DeadLetterRecord
 from schemas.events import Event
 from schemas.topics import Topics
 from toolledger.kafka_admin import ensure_topics
@@ -178,8 +179,9 @@ class Closed:
     failures: int
 
 
-async def closed_loop(one: OneCall, n: int, inflight: int, progress: Progress, task: TaskID,
-                      unit: str) -> Closed:
+async def closed_loop(
+    one: OneCall, n: int, inflight: int, progress: Progress, task: TaskID, unit: str
+) -> Closed:
     """``n`` calls, at most ``inflight`` at a time; a new one starts when one finishes."""
     next_i = done = failures = 0
     started = time.perf_counter()
@@ -215,8 +217,9 @@ class Open:
         return percentile(self.latencies_ms, q)
 
 
-async def open_loop(one: OneCall, rate: float, seconds: float, progress: Progress,
-                    task: TaskID) -> Open:
+async def open_loop(
+    one: OneCall, rate: float, seconds: float, progress: Progress, task: TaskID
+) -> Open:
     """Calls issued at ``rate`` per second on a fixed schedule for ``seconds``; each latency is
     measured from the call's *scheduled* start (so a late start counts against it)."""
     total = max(1, int(rate * seconds))
@@ -259,13 +262,13 @@ async def open_loop(one: OneCall, rate: float, seconds: float, progress: Progres
             issued += 1
         if now - shown > 0.1:  # the progress display costs CPU in this process too
             shown = now
-            progress.update(task, completed=issued,
-                            rate=f"{rate:,.0f}/s target, {inflight} in flight")
+            progress.update(
+                task, completed=issued, rate=f"{rate:,.0f}/s target, {inflight} in flight"
+            )
     progress.update(task, completed=issued)
     while tasks:
         await asyncio.gather(*list(tasks))
-    return Open(rate, total, failures + dropped, latencies, max_lag * 1000, max_inflight,
-                dropped)
+    return Open(rate, total, failures + dropped, latencies, max_lag * 1000, max_inflight, dropped)
 
 
 # -- the ledger side: executor + client ---------------------------------------------------------
@@ -293,9 +296,12 @@ class ExecutorService:
         # per transaction: (begin + the sends, send_offsets, commit)
         self.txn_steps_ms: list[tuple[float, float, float]] = []
         self.executor = KafkaExecutor(
-            bootstrap, topics,
+            bootstrap,
+            topics,
             Stages(make_registry(self.counter, mark=instrument), Redactor(SECRET)),
-            session_timeout_ms=SESSION_TIMEOUT_MS, on_committed=self._committed)
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            on_committed=self._committed,
+        )
 
     def _committed(self, events: Sequence[Event]) -> None:
         self.commits += 1
@@ -318,9 +324,11 @@ class ExecutorService:
         """Wraps one partition producer's transaction calls (on the instance, not the library)
         to time each transaction ``KafkaStore.commit`` runs, and its steps: ``send_offsets``
         (AddOffsetsToTxn + TxnOffsetCommit) and ``commit`` (produce acks + EndTxn)."""
-        begin, offsets, commit = (producer.begin_transaction,
-                                  producer.send_offsets_to_transaction,
-                                  producer.commit_transaction)
+        begin, offsets, commit = (
+            producer.begin_transaction,
+            producer.send_offsets_to_transaction,
+            producer.commit_transaction,
+        )
         marks = {"begin": 0.0, "sent": 0.0, "offsets": 0.0}
 
         async def timed_begin() -> None:
@@ -338,8 +346,9 @@ class ExecutorService:
             await commit()
             ended = time.perf_counter()
             self.txn_ms.append((ended - marks["begin"]) * 1000)
-            self.txn_steps_ms.append(((sent - marks["begin"]) * 1000, marks["offsets"] * 1000,
-                                      (ended - started) * 1000))
+            self.txn_steps_ms.append(
+                ((sent - marks["begin"]) * 1000, marks["offsets"] * 1000, (ended - started) * 1000)
+            )
 
         producer.begin_transaction = timed_begin
         producer.send_offsets_to_transaction = timed_offsets
@@ -350,9 +359,13 @@ class ExecutorService:
         await self.executor.stop()
 
     def stats(self) -> dict[str, int]:
-        return {"handler_invocations": self.counter.invocations, "commits": self.commits,
-                "committed_events": self.committed_events,
-                "produce_retries": WARNINGS.produce_retries(), "cpu_ms": cpu_ms()}
+        return {
+            "handler_invocations": self.counter.invocations,
+            "commits": self.commits,
+            "committed_events": self.committed_events,
+            "produce_retries": WARNINGS.produce_retries(),
+            "cpu_ms": cpu_ms(),
+        }
 
 
 # -- the raw pipe ---------------------------------------------------------------------------------
@@ -375,9 +388,14 @@ class _Relay:
         self.relayed = 0
         self.batches = 0  # polled batches (plain) or transactions (transactional)
         self.consumer = AIOKafkaConsumer(
-            raw.a, bootstrap_servers=bootstrap, group_id=raw.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
-            session_timeout_ms=SESSION_TIMEOUT_MS)
+            raw.a,
+            bootstrap_servers=bootstrap,
+            group_id=raw.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+        )
 
     def answer(self, key: bytes | None) -> bytes:
         """The ``record_bytes`` record relayed to B for an input with ``key``."""
@@ -391,8 +409,12 @@ class _Relay:
             await asyncio.sleep(0.05)
 
     def stats(self) -> dict[str, int]:
-        return {"relayed": self.relayed, "batches": self.batches,
-                "produce_retries": WARNINGS.produce_retries(), "cpu_ms": cpu_ms()}
+        return {
+            "relayed": self.relayed,
+            "batches": self.batches,
+            "produce_retries": WARNINGS.produce_retries(),
+            "cpu_ms": cpu_ms(),
+        }
 
 
 class RelayService(_Relay):
@@ -407,8 +429,9 @@ class RelayService(_Relay):
 
     def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
         super().__init__(bootstrap, raw, record_bytes)
-        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True,
-                                         acks="all", linger_ms=LINGER_MS)
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=LINGER_MS
+        )
         self._task: asyncio.Task[None] | None = None
         self._last_commit: asyncio.Task[None] | None = None
 
@@ -426,17 +449,24 @@ class RelayService(_Relay):
             offsets = {}
             for tp, records in batches.items():
                 for record in records:
-                    delivered.append(await self.producer.send(
-                        self.raw.b, self.answer(record.key), key=record.key,
-                        partition=tp.partition))
+                    delivered.append(
+                        await self.producer.send(
+                            self.raw.b,
+                            self.answer(record.key),
+                            key=record.key,
+                            partition=tp.partition,
+                        )
+                    )
                 offsets[tp] = records[-1].offset + 1
             self._last_commit = asyncio.create_task(
-                self._commit_when_acked(self._last_commit, delivered, offsets))
+                self._commit_when_acked(self._last_commit, delivered, offsets)
+            )
             self.relayed += len(delivered)
             self.batches += 1
 
-    async def _commit_when_acked(self, previous: asyncio.Task[None] | None,
-                                 delivered: list[Any], offsets: dict[Any, int]) -> None:
+    async def _commit_when_acked(
+        self, previous: asyncio.Task[None] | None, delivered: list[Any], offsets: dict[Any, int]
+    ) -> None:
         await asyncio.gather(*delivered)
         if previous is not None:
             await previous
@@ -453,6 +483,7 @@ class RelayService(_Relay):
         await self.consumer.stop()
         await self.producer.stop()
 
+
 class TransactionalRelayService(_Relay):
     """The raw *transactional* pipe's middle: what any exactly-once design on Kafka pays.
 
@@ -468,9 +499,15 @@ class TransactionalRelayService(_Relay):
     def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
         super().__init__(bootstrap, raw, record_bytes)
         self.producers = [
-            AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{raw.group}-{p}",
-                             enable_idempotence=True, acks="all", linger_ms=LINGER_MS)
-            for p in range(PARTITIONS)]
+            AIOKafkaProducer(
+                bootstrap_servers=bootstrap,
+                transactional_id=f"{raw.group}-{p}",
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=LINGER_MS,
+            )
+            for p in range(PARTITIONS)
+        ]
         self._fetched: list[list[Any]] = [[] for _ in range(PARTITIONS)]
         self._ready = [asyncio.Event() for _ in range(PARTITIONS)]
         self._tasks: list[asyncio.Task[None]] = []
@@ -500,10 +537,10 @@ class TransactionalRelayService(_Relay):
                 continue
             await producer.begin_transaction()
             for record in records:
-                await producer.send(self.raw.b, self.answer(record.key), key=record.key,
-                                    partition=partition)
-            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1},
-                                                       self.raw.group)
+                await producer.send(
+                    self.raw.b, self.answer(record.key), key=record.key, partition=partition
+                )
+            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.raw.group)
             await producer.commit_transaction()
             self.relayed += len(records)
             self.batches += 1
@@ -518,17 +555,22 @@ class TransactionalRelayService(_Relay):
         for producer in self.producers:
             await producer.stop()
 
+
 class RawSender:
     """The raw pipe's ends: produce to A and await the answer from B, resolved by key."""
 
     def __init__(self, bootstrap: str, raw: RawTopics, record_bytes: int) -> None:
         self.raw = raw
         self.record_bytes = record_bytes
-        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True,
-                                         acks="all", linger_ms=LINGER_MS)
-        self.listener = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                         enable_auto_commit=False,
-                                         isolation_level="read_committed")
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=LINGER_MS
+        )
+        self.listener = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         self.waiting: dict[bytes, asyncio.Future[None]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -556,8 +598,9 @@ class RawSender:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting[key] = future
         try:
-            delivered = await self.producer.send(self.raw.a, key.ljust(self.record_bytes, b"-"),
-                                                 key=key)
+            delivered = await self.producer.send(
+                self.raw.a, key.ljust(self.record_bytes, b"-"), key=key
+            )
             await delivered
             await asyncio.wait_for(future, CALL_TIMEOUT_S)
             return True
@@ -618,9 +661,20 @@ class Child:
     @classmethod
     async def start(cls, kind: str, bootstrap: str, prefix: str, record_bytes: int) -> Child:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.kafka", "--serve", kind, "--kafka", bootstrap,
-            "--prefix", prefix, "--record-bytes", str(record_bytes),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "bench.kafka",
+            "--serve",
+            kind,
+            "--kafka",
+            bootstrap,
+            "--prefix",
+            prefix,
+            "--record-bytes",
+            str(record_bytes),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         child = cls(proc)
         line = await child._line()
         if line != "READY":
@@ -667,8 +721,9 @@ async def serve(kind: str, bootstrap: str, prefix: str, record_bytes: int) -> No
         print(json.dumps(service.stats()), flush=True)
 
 
-async def start_side(mode: str, kind: str, bootstrap: str, prefix: str,
-                     record_bytes: int) -> tuple[Handle, ExecutorService | None]:
+async def start_side(
+    mode: str, kind: str, bootstrap: str, prefix: str, record_bytes: int
+) -> tuple[Handle, ExecutorService | None]:
     if mode == "subprocess":
         return await Child.start(kind, bootstrap, prefix, record_bytes), None
     if kind == "executor":
@@ -711,8 +766,11 @@ async def create_raw_topics(bootstrap: str, raw: RawTopics) -> None:
         await admin.create_topics([NewTopic(raw.a, PARTITIONS, 1), NewTopic(raw.b, PARTITIONS, 1)])
         for _ in range(100):
             described = await admin.describe_topics([raw.a, raw.b])
-            if all(len(t["partitions"]) == PARTITIONS
-                   and all(p["leader"] >= 0 for p in t["partitions"]) for t in described):
+            if all(
+                len(t["partitions"]) == PARTITIONS
+                and all(p["leader"] >= 0 for p in t["partitions"])
+                for t in described
+            ):
                 return
             await asyncio.sleep(0.1)
         raise RuntimeError("the raw topics have no leaders")
@@ -755,11 +813,17 @@ class Breakdown:
     handler_to_answer_ms: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, dict[str, float]]:
-        return {name: {"p50": round(percentile(values, 0.5), 2),
-                       "p99": round(percentile(values, 0.99), 2)}
-                for name, values in (("client_to_intent_acked", self.to_intent_acked_ms),
-                                     ("intent_acked_to_handler", self.acked_to_handler_ms),
-                                     ("handler_to_answer", self.handler_to_answer_ms))}
+        return {
+            name: {
+                "p50": round(percentile(values, 0.5), 2),
+                "p99": round(percentile(values, 0.99), 2),
+            }
+            for name, values in (
+                ("client_to_intent_acked", self.to_intent_acked_ms),
+                ("intent_acked_to_handler", self.acked_to_handler_ms),
+                ("handler_to_answer", self.handler_to_answer_ms),
+            )
+        }
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -779,8 +843,13 @@ class Checks:
     breakdown: Breakdown = field(default_factory=Breakdown)
 
 
-def ledger_call(client: LedgerClient, prefix: str, checks: Checks, transport: TimedTransport,
-                counter: Counter | None) -> OneCall:
+def ledger_call(
+    client: LedgerClient,
+    prefix: str,
+    checks: Checks,
+    transport: TimedTransport,
+    counter: Counter | None,
+) -> OneCall:
     async def one(i: int) -> bool:
         key = f"{prefix}-{i:08d}"
         started = time.perf_counter()
@@ -820,14 +889,22 @@ class LedgerPhase:
 
     @property
     def passed(self) -> bool:
-        return (self.checks.not_ok == 0 and self.checks.replayed == 0
-                and self.handler_invocations == self.checks.calls)
+        return (
+            self.checks.not_ok == 0
+            and self.checks.replayed == 0
+            and self.handler_invocations == self.checks.calls
+        )
 
     def summary(self) -> dict[str, Any]:
         c = self.checks
-        return {"passed": self.passed, "calls": c.calls, "not_ok": c.not_ok,
-                "replayed": c.replayed, "handler_invocations": self.handler_invocations,
-                "examples": c.examples}
+        return {
+            "passed": self.passed,
+            "calls": c.calls,
+            "not_ok": c.not_ok,
+            "replayed": c.replayed,
+            "handler_invocations": self.handler_invocations,
+            "examples": c.examples,
+        }
 
     def diagnostics(self) -> dict[str, Any]:
         txn = self.txn_ms
@@ -839,13 +916,15 @@ class LedgerPhase:
             "produce_retries_logged": self.produce_retries,
             "executor_transactions": len(txn),
             "executor_transaction_ms": {
-                "p50": round(percentile(txn, 0.5), 2), "p99": round(percentile(txn, 0.99), 2),
+                "p50": round(percentile(txn, 0.5), 2),
+                "p99": round(percentile(txn, 0.99), 2),
                 "max": round(max(txn, default=math.nan), 2),
                 "share_over_100ms": round(sum(t > 100 for t in txn) / max(1, len(txn)), 4),
                 "begin_and_sends_p50": round(percentile(sends, 0.5), 2),
                 "send_offsets_p50": round(percentile(with_offsets, 0.5), 2),
                 "commit_transaction_p50": round(percentile(commits, 0.5), 2),
-                "with_send_offsets": len(with_offsets)},
+                "with_send_offsets": len(with_offsets),
+            },
             "latency_breakdown_ms": self.checks.breakdown.summary(),
         }
 
@@ -858,8 +937,9 @@ class Ledger:
     local: ExecutorService | None  # None: the executor runs in a child process
 
 
-async def run_ledger_phase(name: str, ledger: Ledger, prefix: str,
-                           work: Callable[[OneCall], Awaitable[Any]]) -> tuple[LedgerPhase, Any]:
+async def run_ledger_phase(
+    name: str, ledger: Ledger, prefix: str, work: Callable[[OneCall], Awaitable[Any]]
+) -> tuple[LedgerPhase, Any]:
     """Runs ``work(one_call)``; the phase's handler count is the executor's count delta."""
     side = ledger.side
     stats_before = await side.stats()
@@ -869,8 +949,7 @@ async def run_ledger_phase(name: str, ledger: Ledger, prefix: str,
     phase = LedgerPhase(name, Checks())
     counter = ledger.local.counter if ledger.local is not None else None
     txn_before = len(ledger.local.txn_ms) if ledger.local is not None else 0
-    result = await work(ledger_call(ledger.client, prefix, phase.checks, ledger.transport,
-                                    counter))
+    result = await work(ledger_call(ledger.client, prefix, phase.checks, ledger.transport, counter))
     phase.cpu_ms = cpu_ms() + (await side.stats())["cpu_ms"] - cpu_before
     phase.produce_retries = WARNINGS.produce_retries() - retries_before
     if ledger.local is not None:
@@ -905,14 +984,15 @@ class TimedProjection(PostgresProjection):
         consumer: str,
         topic: str,
         *,
-        dead_letters: Sequence[DeadLetter] = (),
+        dead_letters: Sequence[DeadLetterRecord] = (),
         next_offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> ApplyResult:
         started = time.perf_counter()
         if self.first_start is None:
             self.first_start = started
-        result = await super().apply(events, consumer, topic, dead_letters=dead_letters,
-                                     next_offsets=next_offsets)
+        result = await super().apply(
+            events, consumer, topic, dead_letters=dead_letters, next_offsets=next_offsets
+        )
         self.last_end = time.perf_counter()
         self.apply_seconds += self.last_end - started
         if events:
@@ -934,7 +1014,8 @@ async def fresh_database(dsn: str) -> AsyncIterator[str]:
             yield make_conninfo(dsn, dbname=name)
         finally:
             await admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
     finally:
         await admin.close()
 
@@ -954,8 +1035,9 @@ class ProjectorRun:
     cpu_share: float  # this process's CPU time / wall time while the projector ran
 
 
-async def run_projector(bootstrap: str, topics: Topics, dsn: str, expected_events: int,
-                        progress: Progress) -> ProjectorRun:
+async def run_projector(
+    bootstrap: str, topics: Topics, dsn: str, expected_events: int, progress: Progress
+) -> ProjectorRun:
     await migrate(dsn)
     projection = TimedProjection(dsn)
     await projection.open()
@@ -981,14 +1063,23 @@ async def run_projector(bootstrap: str, topics: Topics, dsn: str, expected_event
         seconds = projection.last_end - projection.first_start
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             calls_row = await (await conn.execute("SELECT count(*) FROM tool_calls")).fetchone()
-            events_row = await (await conn.execute(
-                "SELECT count(*) FROM tool_call_events")).fetchone()
+            events_row = await (
+                await conn.execute("SELECT count(*) FROM tool_call_events")
+            ).fetchone()
         progress.update(task, rate=f"{events / seconds:,.0f} events/s")
         return ProjectorRun(
-            events / seconds, events, seconds, projection.last_end - started,
-            projection.batch_sizes, projection.apply_seconds,
-            int(calls_row[0]) if calls_row else -1, int(events_row[0]) if events_row else -1,
-            projection.applies_without_events, projection.seconds_without_events, cpu_share)
+            events / seconds,
+            events,
+            seconds,
+            projection.last_end - started,
+            projection.batch_sizes,
+            projection.apply_seconds,
+            int(calls_row[0]) if calls_row else -1,
+            int(events_row[0]) if events_row else -1,
+            projection.applies_without_events,
+            projection.seconds_without_events,
+            cpu_share,
+        )
     finally:
         await projection.close()
 
@@ -1002,11 +1093,14 @@ async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> 
     columns = sql.SQL(", ").join(sql.Identifier(c) for c in EVENT_COLUMNS)
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
-            sql.SQL("SELECT {} FROM tool_call_events ORDER BY seq").format(columns))
+            sql.SQL("SELECT {} FROM tool_call_events ORDER BY seq").format(columns)
+        )
         rows = await cur.fetchall()
-        await conn.execute(sql.SQL(
-            "CREATE TABLE bench_raw_copy AS SELECT {} FROM tool_call_events WITH NO DATA"
-        ).format(columns))
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE bench_raw_copy AS SELECT {} FROM tool_call_events WITH NO DATA"
+            ).format(columns)
+        )
         await conn.commit()
         copy_sql = sql.SQL("COPY bench_raw_copy ({}) FROM STDIN (FORMAT BINARY)").format(columns)
         types = [_COPY_TYPES.get(c, "text") for c in EVENT_COLUMNS]
@@ -1016,7 +1110,7 @@ async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> 
         sizes = list(batches) or [len(rows)]
         while at < len(rows):
             for size in sizes:
-                chunk = rows[at:at + size]
+                chunk = rows[at : at + size]
                 if not chunk:
                     break
                 async with conn.transaction(), conn.cursor() as c, c.copy(copy_sql) as copy:
@@ -1038,8 +1132,12 @@ async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> 
 
 async def sample_sizes(bootstrap: str, names: Mapping[str, str]) -> dict[str, float]:
     """Mean key + value bytes of the first records of partition 0 of each topic."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()
     sizes: dict[str, float] = {}
     try:
@@ -1049,16 +1147,15 @@ async def sample_sizes(bootstrap: str, names: Mapping[str, str]) -> dict[str, fl
             await consumer.seek_to_beginning(tp)
             records = (await consumer.getmany(tp, timeout_ms=2000, max_records=50)).get(tp, [])
             if records:
-                sizes[label] = round(statistics.mean(
-                    len(r.value or b"") + len(r.key or b"") for r in records), 1)
+                sizes[label] = round(
+                    statistics.mean(len(r.value or b"") + len(r.key or b"") for r in records), 1
+                )
     finally:
         await consumer.stop()
     return sizes
 
 
 # -- driver ---------------------------------------------------------------------------------------
-
-
 
 
 async def sequential(one: OneCall, n: int, progress: Progress, task: TaskID) -> list[float]:
@@ -1085,13 +1182,16 @@ class RawPipeRun:
     produce_retries_logged: int
 
     def checks(self) -> dict[str, Any]:
-        return {"passed": self.run.failures == 0 and self.lat.failures == 0,
-                "timeouts": self.run.failures + self.lat.failures,
-                "relayed": self.relay_stats.get("relayed")}
+        return {
+            "passed": self.run.failures == 0 and self.lat.failures == 0,
+            "timeouts": self.run.failures + self.lat.failures,
+            "relayed": self.relay_stats.get("relayed"),
+        }
 
 
-async def run_raw_pipe(kind: str, args: argparse.Namespace, bootstrap: str, prefix: str,
-                       progress: Progress) -> RawPipeRun:
+async def run_raw_pipe(
+    kind: str, args: argparse.Namespace, bootstrap: str, prefix: str, progress: Progress
+) -> RawPipeRun:
     """The raw pipe ``kind`` (:data:`RELAYS`) measured as the ledger is, with its own topics."""
     name = RELAY_KINDS[kind].label
     raw = raw_topics(prefix, kind)
@@ -1110,13 +1210,16 @@ async def run_raw_pipe(kind: str, args: argparse.Namespace, bootstrap: str, pref
         run = await closed(args.raw_calls, "round trips")(lambda i: sender.call(f"k{i:010d}"))
         cpu = cpu_ms() + (await relay.stats())["cpu_ms"] - cpu_before
         rate = 0.5 * run.per_s
-        task = progress.add_task(f"{name} latency @ 0.5 x max",
-                                 total=max(1, int(rate * args.latency_seconds)), rate="")
-        lat = await open_loop(lambda i: sender.call(f"l{i:010d}"), rate, args.latency_seconds,
-                              progress, task)
+        task = progress.add_task(
+            f"{name} latency @ 0.5 x max", total=max(1, int(rate * args.latency_seconds)), rate=""
+        )
+        lat = await open_loop(
+            lambda i: sender.call(f"l{i:010d}"), rate, args.latency_seconds, progress, task
+        )
         task = progress.add_task(f"{name} idle, one at a time", total=args.idle_calls, rate="")
-        idle = await sequential(lambda i: sender.call(f"i{i:010d}"), args.idle_calls, progress,
-                                task)
+        idle = await sequential(
+            lambda i: sender.call(f"i{i:010d}"), args.idle_calls, progress, task
+        )
     finally:
         await sender.stop()
         relay_stats = await relay.stop()
@@ -1155,43 +1258,60 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             warnings_at["ledger_started"] = WARNINGS.produce_retries()
             try:
                 task = progress.add_task("e2e warm-up", total=args.warmup, rate="")
-                warm, _ = await run_ledger_phase("warmup", ledger, "w",
-                                                 closed(args.warmup, task, "calls"))
+                warm, _ = await run_ledger_phase(
+                    "warmup", ledger, "w", closed(args.warmup, task, "calls")
+                )
                 phases.append(warm)
                 task = progress.add_task("e2e ledger calls", total=args.calls, rate="")
-                e2e_phase, e2e = await run_ledger_phase("e2e", ledger, "k",
-                                                        closed(args.calls, task, "calls"))
+                e2e_phase, e2e = await run_ledger_phase(
+                    "e2e", ledger, "k", closed(args.calls, task, "calls")
+                )
                 phases.append(e2e_phase)
                 assert isinstance(e2e, Closed)
                 rate = 0.5 * e2e.per_s
-                task = progress.add_task("e2e latency @ 0.5 x max",
-                                         total=max(1, int(rate * args.latency_seconds)), rate="")
+                task = progress.add_task(
+                    "e2e latency @ 0.5 x max",
+                    total=max(1, int(rate * args.latency_seconds)),
+                    rate="",
+                )
                 lat_phase, lat = await run_ledger_phase(
-                    "latency", ledger, "l",
-                    lambda one: open_loop(one, rate, args.latency_seconds, progress, task))
+                    "latency",
+                    ledger,
+                    "l",
+                    lambda one: open_loop(one, rate, args.latency_seconds, progress, task),
+                )
                 phases.append(lat_phase)
                 assert isinstance(lat, Open)
-                task = progress.add_task("e2e idle, one at a time", total=args.idle_calls,
-                                         rate="")
+                task = progress.add_task("e2e idle, one at a time", total=args.idle_calls, rate="")
                 idle_phase, idle = await run_ledger_phase(
-                    "idle", ledger, "i", lambda one: sequential(one, args.idle_calls, progress,
-                                                                task))
+                    "idle",
+                    ledger,
+                    "i",
+                    lambda one: sequential(one, args.idle_calls, progress, task),
+                )
                 phases.append(idle_phase)
             finally:
                 await ledger.transport.stop()
                 executor_stats = await ledger.side.stop()
             warnings_at["ledger_stopped"] = WARNINGS.produce_retries()
             # -- the raw pipes, plain and transactional: the same measurements
-            pipes = {kind: await run_raw_pipe(kind, args, bootstrap, prefix, progress)
-                     for kind in RELAYS}
-            sizes = await sample_sizes(bootstrap, {
-                "intent": topics.intents, "outcome": topics.outcomes, "state": topics.state,
-                "raw_a": raw_topics(prefix).a, "raw_b": raw_topics(prefix).b})
+            pipes = {
+                kind: await run_raw_pipe(kind, args, bootstrap, prefix, progress) for kind in RELAYS
+            }
+            sizes = await sample_sizes(
+                bootstrap,
+                {
+                    "intent": topics.intents,
+                    "outcome": topics.outcomes,
+                    "state": topics.state,
+                    "raw_a": raw_topics(prefix).a,
+                    "raw_b": raw_topics(prefix).b,
+                },
+            )
             # -- the projector over everything above, then the COPY baseline
             total_calls = sum(p.checks.calls for p in phases)
             async with fresh_database(args.postgres) as dsn:
-                projector = await run_projector(bootstrap, topics, dsn, 2 * total_calls,
-                                                progress)
+                projector = await run_projector(bootstrap, topics, dsn, 2 * total_calls, progress)
                 copy_rate = await run_raw_copy(dsn, projector.batches, progress)
                 async with await psycopg.AsyncConnection.connect(dsn) as conn:
                     pg_version = conn.info.server_version
@@ -1211,8 +1331,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     checks["projector"] = {
         "passed": projector.tool_calls_rows == total_calls
         and projector.event_rows == projector.events,
-        "tool_calls_rows": projector.tool_calls_rows, "calls": total_calls,
-        "events_applied": projector.events, "tool_call_events_rows": projector.event_rows}
+        "tool_calls_rows": projector.tool_calls_rows,
+        "calls": total_calls,
+        "events_applied": projector.events,
+        "tool_call_events_rows": projector.event_rows,
+    }
     commits = executor_stats.get("commits", 0)
     return {
         "e2e_calls_per_s": round(e2e.per_s, 1),
@@ -1241,14 +1364,18 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "executor": args.executor,
             "executor_concurrency_per_partition": 64,
             "linger_ms": LINGER_MS,
-            "seconds": {"e2e": round(e2e.seconds, 3), "raw_pipe": round(raw_run.seconds, 3),
-                        "raw_txn_pipe": round(txn.run.seconds, 3),
-                        "projector": round(projector.seconds, 3),
-                        "projector_incl_group_join": round(projector.seconds_incl_join, 3),
-                        "projector_inside_apply": round(projector.apply_seconds, 3)},
+            "seconds": {
+                "e2e": round(e2e.seconds, 3),
+                "raw_pipe": round(raw_run.seconds, 3),
+                "raw_txn_pipe": round(txn.run.seconds, 3),
+                "projector": round(projector.seconds, 3),
+                "projector_incl_group_join": round(projector.seconds_incl_join, 3),
+                "projector_inside_apply": round(projector.apply_seconds, 3),
+            },
             "latency": {
                 "seconds": args.latency_seconds,
-                "e2e": latency_meta(lat), "raw_pipe": latency_meta(raw_lat),
+                "e2e": latency_meta(lat),
+                "raw_pipe": latency_meta(raw_lat),
                 "raw_txn_pipe": latency_meta(txn.lat),
                 "idle_one_at_a_time": {
                     "calls": args.idle_calls,
@@ -1257,34 +1384,40 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     "raw_pipe_p50_ms": round(percentile(raw_idle, 0.5), 2),
                     "raw_pipe_max_ms": round(max(raw_idle, default=math.nan), 2),
                     "raw_txn_pipe_p50_ms": round(percentile(txn.idle, 0.5), 2),
-                    "raw_txn_pipe_max_ms": round(max(txn.idle, default=math.nan), 2)}},
+                    "raw_txn_pipe_max_ms": round(max(txn.idle, default=math.nan), 2),
+                },
+            },
             "load_average_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
             "diagnostics": {
                 "raw_pipe_cpu_ms_per_round_trip": round(plain.cpu_ms / args.raw_calls, 3),
                 "raw_txn_pipe_cpu_ms_per_round_trip": round(txn.cpu_ms / args.raw_calls, 3),
                 "raw_txn_pipe_transactions": txn.relay_stats.get("batches"),
                 "raw_txn_pipe_records_per_transaction": round(
-                    txn.relay_stats.get("relayed", 0) / max(1, txn.relay_stats.get("batches", 0)),
-                    2),
+                    txn.relay_stats.get("relayed", 0) / max(1, txn.relay_stats.get("batches", 0)), 2
+                ),
                 **{p.name: p.diagnostics() for p in phases},
                 "executor_commits": commits,
                 "executor_events_per_commit": round(
-                    executor_stats.get("committed_events", 0) / max(1, commits), 2),
+                    executor_stats.get("committed_events", 0) / max(1, commits), 2
+                ),
                 "produce_retries_logged": {
                     "executor_and_client_process": warnings_at["ledger_stopped"],
                     "raw_pipe": plain.produce_retries_logged,
                     "raw_txn_pipe": txn.produce_retries_logged,
                     "executor_child": executor_stats.get("produce_retries", 0)
-                    * (args.executor == "subprocess")},
+                    * (args.executor == "subprocess"),
+                },
                 "warnings": dict(WARNINGS.counts),
                 "relay_batches": plain.relay_stats.get("batches"),
                 "projector_batches": len(projector.batches),
                 "projector_applies_without_events": projector.applies_without_events,
                 "projector_seconds_in_applies_without_events": round(
-                    projector.seconds_without_events, 3),
+                    projector.seconds_without_events, 3
+                ),
                 "projector_process_cpu_share": round(projector.cpu_share, 3),
-                "projector_events_per_batch": round(
-                    statistics.mean(projector.batches), 1) if projector.batches else 0,
+                "projector_events_per_batch": round(statistics.mean(projector.batches), 1)
+                if projector.batches
+                else 0,
             },
             "targets": {
                 "ratio_e2e_vs_raw_pipe>=0.5": ratio_e2e >= 0.5,
@@ -1294,9 +1427,12 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             },
             "checks": checks,
             "versions": {
-                "python": platform.python_version(), "aiokafka": aiokafka.__version__,
-                "psycopg": psycopg.__version__, "postgresql_server": pg_version,
-                "kafka_broker": args.kafka_version or "unknown"},
+                "python": platform.python_version(),
+                "aiokafka": aiokafka.__version__,
+                "psycopg": psycopg.__version__,
+                "postgresql_server": pg_version,
+                "kafka_broker": args.kafka_version or "unknown",
+            },
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -1316,12 +1452,17 @@ def finite(value: Any) -> Any:
 
 
 def latency_meta(run: Open) -> dict[str, Any]:
-    return {"target_rate_per_s": round(run.rate, 1), "calls": run.calls,
-            "failures": run.failures, "p90_ms": round(run.percentile(0.9), 2),
-            "p999_ms": round(run.percentile(0.999), 2),
-            "max_ms": round(max(run.latencies_ms, default=math.nan), 2),
-            "max_issue_lag_ms": round(run.max_issue_lag_ms, 2),
-            "max_inflight": run.max_inflight, "dropped_overloaded": run.dropped}
+    return {
+        "target_rate_per_s": round(run.rate, 1),
+        "calls": run.calls,
+        "failures": run.failures,
+        "p90_ms": round(run.percentile(0.9), 2),
+        "p999_ms": round(run.percentile(0.999), 2),
+        "max_ms": round(max(run.latencies_ms, default=math.nan), 2),
+        "max_issue_lag_ms": round(run.max_issue_lag_ms, 2),
+        "max_inflight": run.max_inflight,
+        "dropped_overloaded": run.dropped,
+    }
 
 
 def show(result: dict[str, Any], console: Console) -> None:
@@ -1331,39 +1472,73 @@ def show(result: dict[str, Any], console: Console) -> None:
     def mark(ok: bool) -> str:
         return "[green]met" if ok else "[red]NOT met"
 
-    table = Table(title=f"toolledger on Kafka + PostgreSQL: {meta['calls']} calls, "
-                        f"{meta['inflight']} in flight, {meta['partitions']} partitions, "
-                        f"executor {meta['executor']}")
+    table = Table(
+        title=f"toolledger on Kafka + PostgreSQL: {meta['calls']} calls, "
+        f"{meta['inflight']} in flight, {meta['partitions']} partitions, "
+        f"executor {meta['executor']}"
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("notes")
-    table.add_row("e2e_calls_per_s", f"{result['e2e_calls_per_s']:,.1f}",
-                  f"{meta['calls']} calls, {meta['seconds']['e2e']} s, checks "
-                  f"{'ok' if meta['checks']['e2e']['passed'] else '[red]FAILED'}")
-    table.add_row("raw_pipe_msgs_per_s", f"{result['raw_pipe_msgs_per_s']:,.1f}",
-                  f"{meta['raw_pipe_calls']} round trips, {meta['seconds']['raw_pipe']} s")
-    table.add_row("ratio_e2e_vs_raw_pipe", f"{result['ratio_e2e_vs_raw_pipe']:.4f}",
-                  f">= 0.5: {mark(targets['ratio_e2e_vs_raw_pipe>=0.5'])}")
-    table.add_row("raw_txn_pipe_msgs_per_s", f"{result['raw_txn_pipe_msgs_per_s']:,.1f}",
-                  "consume, produce + offsets in one transaction per partition batch, consume")
-    table.add_row("ratio_e2e_vs_raw_txn_pipe", f"{result['ratio_e2e_vs_raw_txn_pipe']:.4f}",
-                  f">= 0.5: {mark(targets['ratio_e2e_vs_raw_txn_pipe>=0.5'])}")
-    table.add_row("p50_ms / p99_ms", f"{result['p50_ms']:.1f} / {result['p99_ms']:.1f}",
-                  f"at {meta['latency']['e2e']['target_rate_per_s']:,.0f} calls/s")
-    table.add_row("raw_pipe_p50_ms / p99_ms",
-                  f"{result['raw_pipe_p50_ms']:.1f} / {result['raw_pipe_p99_ms']:.1f}",
-                  f"at {meta['latency']['raw_pipe']['target_rate_per_s']:,.0f} msgs/s; "
-                  f"p99 <= 3x raw: {mark(targets['p99<=3x_raw_pipe_p99'])}")
-    table.add_row("projector_rows_per_s", f"{result['projector_rows_per_s']:,.1f}",
-                  f"{meta['checks']['projector']['events_applied']} events, "
-                  f"{meta['diagnostics']['projector_batches']} batches")
-    table.add_row("raw_copy_rows_per_s", f"{result['raw_copy_rows_per_s']:,.1f}",
-                  "same rows, same batches, plain table")
-    table.add_row("ratio_projector_vs_copy", f"{result['ratio_projector_vs_copy']:.4f}",
-                  f">= 0.5: {mark(targets['ratio_projector_vs_copy>=0.5'])}")
+    table.add_row(
+        "e2e_calls_per_s",
+        f"{result['e2e_calls_per_s']:,.1f}",
+        f"{meta['calls']} calls, {meta['seconds']['e2e']} s, checks "
+        f"{'ok' if meta['checks']['e2e']['passed'] else '[red]FAILED'}",
+    )
+    table.add_row(
+        "raw_pipe_msgs_per_s",
+        f"{result['raw_pipe_msgs_per_s']:,.1f}",
+        f"{meta['raw_pipe_calls']} round trips, {meta['seconds']['raw_pipe']} s",
+    )
+    table.add_row(
+        "ratio_e2e_vs_raw_pipe",
+        f"{result['ratio_e2e_vs_raw_pipe']:.4f}",
+        f">= 0.5: {mark(targets['ratio_e2e_vs_raw_pipe>=0.5'])}",
+    )
+    table.add_row(
+        "raw_txn_pipe_msgs_per_s",
+        f"{result['raw_txn_pipe_msgs_per_s']:,.1f}",
+        "consume, produce + offsets in one transaction per partition batch, consume",
+    )
+    table.add_row(
+        "ratio_e2e_vs_raw_txn_pipe",
+        f"{result['ratio_e2e_vs_raw_txn_pipe']:.4f}",
+        f">= 0.5: {mark(targets['ratio_e2e_vs_raw_txn_pipe>=0.5'])}",
+    )
+    table.add_row(
+        "p50_ms / p99_ms",
+        f"{result['p50_ms']:.1f} / {result['p99_ms']:.1f}",
+        f"at {meta['latency']['e2e']['target_rate_per_s']:,.0f} calls/s",
+    )
+    table.add_row(
+        "raw_pipe_p50_ms / p99_ms",
+        f"{result['raw_pipe_p50_ms']:.1f} / {result['raw_pipe_p99_ms']:.1f}",
+        f"at {meta['latency']['raw_pipe']['target_rate_per_s']:,.0f} msgs/s; "
+        f"p99 <= 3x raw: {mark(targets['p99<=3x_raw_pipe_p99'])}",
+    )
+    table.add_row(
+        "projector_rows_per_s",
+        f"{result['projector_rows_per_s']:,.1f}",
+        f"{meta['checks']['projector']['events_applied']} events, "
+        f"{meta['diagnostics']['projector_batches']} batches",
+    )
+    table.add_row(
+        "raw_copy_rows_per_s",
+        f"{result['raw_copy_rows_per_s']:,.1f}",
+        "same rows, same batches, plain table",
+    )
+    table.add_row(
+        "ratio_projector_vs_copy",
+        f"{result['ratio_projector_vs_copy']:.4f}",
+        f">= 0.5: {mark(targets['ratio_projector_vs_copy>=0.5'])}",
+    )
     idle = meta["latency"]["idle_one_at_a_time"]
-    table.add_row("idle latency (p50)", f"{idle['e2e_p50_ms']:.1f} / {idle['raw_pipe_p50_ms']:.1f}",
-                  "ms, one call at a time: ledger / raw pipe")
+    table.add_row(
+        "idle latency (p50)",
+        f"{idle['e2e_p50_ms']:.1f} / {idle['raw_pipe_p50_ms']:.1f}",
+        "ms, one call at a time: ledger / raw pipe",
+    )
     console.print(table)
     for name, summary in meta["checks"].items():
         if not summary["passed"]:
@@ -1381,24 +1556,30 @@ async def profile_e2e(args: argparse.Namespace, console: Console) -> None:
     await ensure_topics(bootstrap, topics)
     # CPU time by default: on a shared machine, wall time charges preemption to whichever
     # call was running (typically a socket send) and hides where the CPU goes
-    profiler = (cProfile.Profile(time.process_time) if args.profile_clock == "cpu"
-                else cProfile.Profile())
+    profiler = (
+        cProfile.Profile(time.process_time) if args.profile_clock == "cpu" else cProfile.Profile()
+    )
     try:
         with new_progress(console, 30) as progress:
             ledger = await start_ledger("inprocess", bootstrap, topics, args.record_bytes)
             try:
                 task = progress.add_task("profile warm-up", total=args.warmup, rate="")
                 await run_ledger_phase(
-                    "warmup", ledger, "w",
-                    lambda one: closed_loop(one, args.warmup, args.inflight, progress, task,
-                                            "calls"))
+                    "warmup",
+                    ledger,
+                    "w",
+                    lambda one: closed_loop(
+                        one, args.warmup, args.inflight, progress, task, "calls"
+                    ),
+                )
                 task = progress.add_task("profiled e2e calls", total=args.profile_calls, rate="")
 
                 async def profiled(one: OneCall) -> Closed:
                     profiler.enable()
                     try:
-                        return await closed_loop(one, args.profile_calls, args.inflight,
-                                                 progress, task, "calls")
+                        return await closed_loop(
+                            one, args.profile_calls, args.inflight, progress, task, "calls"
+                        )
                     finally:
                         profiler.disable()
 
@@ -1409,10 +1590,12 @@ async def profile_e2e(args: argparse.Namespace, console: Console) -> None:
     finally:
         with contextlib.suppress(Exception):
             await delete_topics(bootstrap, prefix)
-    console.print(f"profiled ({args.profile_clock} time): {args.profile_calls} calls at "
-                  f"{run.per_s:,.0f} calls/s (under the profiler), checks "
-                  f"{'ok' if phase.passed else 'FAILED'}; "
-                  f"{json.dumps(finite(phase.diagnostics()))}")
+    console.print(
+        f"profiled ({args.profile_clock} time): {args.profile_calls} calls at "
+        f"{run.per_s:,.0f} calls/s (under the profiler), checks "
+        f"{'ok' if phase.passed else 'FAILED'}; "
+        f"{json.dumps(finite(phase.diagnostics()))}"
+    )
     for order in ("cumulative", "tottime"):
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(20)
@@ -1423,34 +1606,68 @@ async def profile_e2e(args: argparse.Namespace, console: Console) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.kafka", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=6000,
-                        help="closed-loop calls (ledger) and round trips (raw pipe)")
-    parser.add_argument("--raw-calls", type=int, default=30000,
-                        help="closed-loop round trips of the raw pipe (it is much faster)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.kafka",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=6000,
+        help="closed-loop calls (ledger) and round trips (raw pipe)",
+    )
+    parser.add_argument(
+        "--raw-calls",
+        type=int,
+        default=30000,
+        help="closed-loop round trips of the raw pipe (it is much faster)",
+    )
     parser.add_argument("--inflight", type=int, default=256, help="calls in flight at most")
     parser.add_argument("--warmup", type=int, default=500, help="untimed calls first")
-    parser.add_argument("--latency-seconds", type=float, default=12.0,
-                        help="length of each open-loop latency run")
-    parser.add_argument("--idle-calls", type=int, default=40,
-                        help="calls one at a time at the end (latency of an idle system)")
-    parser.add_argument("--record-bytes", type=int, default=200,
-                        help="value size of the raw pipe's records")
-    parser.add_argument("--executor", choices=["inprocess", "subprocess"], default="inprocess",
-                        help="where the executor (and the raw pipe's relay) runs")
+    parser.add_argument(
+        "--latency-seconds", type=float, default=12.0, help="length of each open-loop latency run"
+    )
+    parser.add_argument(
+        "--idle-calls",
+        type=int,
+        default=40,
+        help="calls one at a time at the end (latency of an idle system)",
+    )
+    parser.add_argument(
+        "--record-bytes", type=int, default=200, help="value size of the raw pipe's records"
+    )
+    parser.add_argument(
+        "--executor",
+        choices=["inprocess", "subprocess"],
+        default="inprocess",
+        help="where the executor (and the raw pipe's relay) runs",
+    )
     parser.add_argument("--kafka", default=os.environ.get("TOOLLEDGER_KAFKA"))
     parser.add_argument("--postgres", default=os.environ.get("TOOLLEDGER_POSTGRES"))
-    parser.add_argument("--kafka-version", default=os.environ.get("TOOLLEDGER_KAFKA_VERSION"),
-                        help="broker version, for the JSON only")
+    parser.add_argument(
+        "--kafka-version",
+        default=os.environ.get("TOOLLEDGER_KAFKA_VERSION"),
+        help="broker version, for the JSON only",
+    )
     parser.add_argument("--out", default="bench/results/kafka.json")
-    parser.add_argument("--profile", action="store_true",
-                        help="also run --profile-calls e2e calls under cProfile, print hot spots")
-    parser.add_argument("--profile-only", action="store_true",
-                        help="only the profiled run: no measurements, no JSON")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run --profile-calls e2e calls under cProfile, print hot spots",
+    )
+    parser.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only the profiled run: no measurements, no JSON",
+    )
     parser.add_argument("--profile-calls", type=int, default=3000)
-    parser.add_argument("--profile-clock", choices=["cpu", "wall"], default="cpu",
-                        help="what the profile measures (cpu: time.process_time)")
+    parser.add_argument(
+        "--profile-clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="what the profile measures (cpu: time.process_time)",
+    )
     parser.add_argument("--profile-out", default=None, help="also dump the pstats file here")
     parser.add_argument("--serve", choices=["executor", *RELAYS], help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
@@ -1462,10 +1679,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.postgres:
         parser.error("no PostgreSQL: pass --postgres or set TOOLLEDGER_POSTGRES")
-    if (args.calls < 2 or args.raw_calls < 2 or args.inflight < 1 or args.warmup < 1
-            or args.latency_seconds <= 0 or args.idle_calls < 1):
-        parser.error("need --calls, --raw-calls >= 2, --inflight, --warmup, --idle-calls >= 1, "
-                     "--latency-seconds > 0")
+    if (
+        args.calls < 2
+        or args.raw_calls < 2
+        or args.inflight < 1
+        or args.warmup < 1
+        or args.latency_seconds <= 0
+        or args.idle_calls < 1
+    ):
+        parser.error(
+            "need --calls, --raw-calls >= 2, --inflight, --warmup, --idle-calls >= 1, "
+            "--latency-seconds > 0"
+        )
     logging.getLogger().addHandler(WARNINGS)
     console = Console()
     if args.profile_only:

@@ -386,9 +386,18 @@ class Executor:
             self._apply_switch(switch_of(record))  # in force for everything decided after it
         self._push(_Input(record, partition, None, admitted, _open_run(record, partition)))
 
-    async def feed(self, partition: int, offset: int, value: bytes) -> None:
+    async def feed(
+        self,
+        partition: int,
+        offset: int,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> None:
         """The next record of a partition's input stream; returns once it is queued, waiting
-        while the executor has as much work as it runs at once (back-pressure)."""
+        while the executor has as much work as it runs at once (back-pressure). ``key`` and
+        ``headers``: the record's, kept in its dead letter if it cannot be decided."""
         self._check()
         while not self._space.is_set():
             await self._space.wait()
@@ -399,7 +408,7 @@ class Executor:
             skip.discard(offset)
             self._push(_Dead(partition, offset, None))
             return
-        record = self._decode(partition, offset, value)
+        record = self._decode(partition, offset, value, key, headers)
         if isinstance(record, DeadLetter):
             log.warning(
                 "dead-lettered an input record",
@@ -1127,14 +1136,19 @@ class Executor:
 
     # -- internals: decoding --------------------------------------------------------------
 
-    def _decode(self, partition: int, offset: int | None, value: bytes) -> Inbound | DeadLetter:
+    def _decode(
+        self,
+        partition: int,
+        offset: int | None,
+        value: bytes,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> Inbound | DeadLetter:
         def dead(reason: str) -> DeadLetter:
-            # the record may carry raw arguments, which live only on the intents stream: the
-            # dead letter keeps its digest and size with the reason
+            # the reason names the record by its digest and size, so it can be found
             digest = hashlib.sha256(value).hexdigest()[:16]
-            return DeadLetter(
-                partition, offset, f"{reason} ({len(value)} bytes, sha256 {digest})", value
-            )
+            reason = f"{reason} ({len(value)} bytes, sha256 {digest})"
+            return DeadLetter(partition, offset, reason, value, key, headers)
 
         if len(value) > self._max_record_bytes:
             return dead(f"record of {len(value)} bytes exceeds {self._max_record_bytes}")

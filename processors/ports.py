@@ -140,12 +140,15 @@ class KeyEntry:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An input record that cannot be decided: kept with the reason, never executed."""
+    """An input record that cannot be decided: kept whole (key, value, headers) with the
+    reason, never executed."""
 
     partition: int
     offset: int | None
     reason: str
     value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(slots=True)

@@ -18,9 +18,10 @@ from aiokafka.errors import KafkaError
 
 from producers.client import TransportError
 from producers.outcomes import OutcomeHub
-from schemas.codec import CodecError, decode, encode
+from schemas.codec import CodecError
 from schemas.events import Event
-from schemas.topics import INTENT_ID_HEADER, Topics, partition_key
+from schemas.topics import INTENT_ID_HEADER, Topics
+from schemas.wire import SINGLE_OBJECT, WireFormat
 
 log = logging.getLogger("toolledger.producer")
 
@@ -30,9 +31,17 @@ class TopicLayoutError(RuntimeError):
 
 
 class KafkaTransport:
-    def __init__(self, bootstrap: str, topics: Topics, *, linger_ms: int = 2) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        *,
+        linger_ms: int = 2,
+        wire: WireFormat = SINGLE_OBJECT,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
+        self._wire = wire
         self.outcomes = OutcomeHub()
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=linger_ms
@@ -83,10 +92,12 @@ class KafkaTransport:
         await self._append(record, range(self.topics.partitions))
 
     async def _append(self, record: Event, partitions: Iterable[int]) -> None:
-        value, key = encode(record), partition_key(record)
+        key, value, headers = self._wire.record(record)
         try:
             sent = [
-                await self._producer.send(self.topics.intents, value, key=key, partition=p)
+                await self._producer.send(
+                    self.topics.intents, value, key=key, partition=p, headers=headers
+                )
                 for p in partitions
             ]
             await asyncio.gather(*sent)
@@ -125,7 +136,7 @@ class KafkaTransport:
                 if not self.outcomes.is_waiting(intent_id):
                     continue  # decoded only for a caller here (a Started tells it: running)
                 try:
-                    event = decode(record.value or b"")
+                    event = self._wire.decode(record.value or b"")
                 except CodecError as exc:
                     log.error(
                         "undecodable outcome",

@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaProducer
 
+from schemas.cloudevents import Header, group_event_headers
 from schemas.keys import partition_for
 from schemas.topics import Topics
 
@@ -132,7 +135,7 @@ class GroupEventRelay:
                 value=event_json.encode(),
                 key=group_id.encode(),
                 partition=partition_for(group_id.encode(), self._partitions),
-                headers=[(SEQ_HEADER, str(seq).encode()), (TENANT_HEADER, tenant.encode())],
+                headers=_headers(seq, group_id, event_json, tenant),
             )
             for seq, group_id, event_json, tenant in rows
         ]
@@ -176,3 +179,20 @@ class GroupEventRelay:
                 continue  # more are waiting
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval_s)
+
+
+def _headers(seq: int, group_id: str, event_json: str, tenant: str) -> list[Header]:
+    """``tl-seq``, ``tl-tenant`` and the CloudEvents headers of a group log row."""
+    event = json.loads(event_json)
+    at = event.get("at")
+    return [
+        (SEQ_HEADER, str(seq).encode()),
+        (TENANT_HEADER, tenant.encode()),
+        *group_event_headers(
+            tenant,
+            group_id,
+            seq,
+            event["type"],
+            datetime.fromisoformat(at) if isinstance(at, str) else None,
+        ),
+    ]

@@ -30,6 +30,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from processors.ledger import CallState
@@ -37,12 +38,12 @@ from processors.ledger.rows import CALL_COLUMNS, STATE_SELECT, call_row, state_o
 from projections import governance, search
 from projections.dialect import POSTGRES, Query
 from projections.rows import EVENT_COLUMNS, Position, event_row, expiries, fold_new_events
+from schemas.dead_letters import DeadLetterRecord
 from schemas.events import Event
 
 __all__ = [
     "PROJECTION_TABLES",
     "ApplyResult",
-    "DeadLetter",
     "Migration",
     "PostgresProjection",
     "ProjectionError",
@@ -201,17 +202,6 @@ async def migrate(dsn: str, *, connect_timeout: float = 10.0) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A record that could not be processed, at its place in the log it was read from."""
-
-    topic: str
-    partition: int
-    offset: int
-    reason: str
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class ApplyResult:
     new_events: int  # events not applied before (the others were redeliveries)
     calls_changed: int  # tool_calls rows inserted or updated
@@ -288,8 +278,9 @@ _UPSERT_POSITIONS: Final = (
     "updated_at = now()"
 )
 _INSERT_DEAD_LETTERS: Final = (
-    'INSERT INTO dead_letters (topic, partition, "offset", reason, payload) '
-    "SELECT * FROM unnest(%b::text[], %b::integer[], %b::bigint[], %b::text[], %b::bytea[]) "
+    'INSERT INTO dead_letters (topic, partition, "offset", reason, payload, record_key, headers) '
+    "SELECT * FROM unnest(%b::text[], %b::integer[], %b::bigint[], %b::text[], %b::bytea[], "
+    "%b::bytea[], %b::jsonb[]) "
     'ON CONFLICT (topic, partition, "offset") DO NOTHING'
 )
 
@@ -378,7 +369,7 @@ class PostgresProjection:
         consumer: str,
         topic: str,
         *,
-        dead_letters: Sequence[DeadLetter] = (),
+        dead_letters: Sequence[DeadLetterRecord] = (),
         next_offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> ApplyResult:
         """Apply a batch read from ``topic`` by ``consumer``, in one transaction.
@@ -419,7 +410,7 @@ class PostgresProjection:
 
     async def record_dead_letters(
         self,
-        dead_letters: Sequence[DeadLetter],
+        dead_letters: Sequence[DeadLetterRecord],
         consumer: str,
         next_offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
@@ -468,7 +459,7 @@ class PostgresProjection:
 
     @staticmethod
     async def _insert_dead_letters(
-        conn: psycopg.AsyncConnection[Any], letters: Sequence[DeadLetter]
+        conn: psycopg.AsyncConnection[Any], letters: Sequence[DeadLetterRecord]
     ) -> None:
         await conn.execute(
             _INSERT_DEAD_LETTERS,
@@ -477,7 +468,9 @@ class PostgresProjection:
                 [d.partition for d in letters],
                 [d.offset for d in letters],
                 [_text(d.reason) for d in letters],
-                [bytes(d.payload) for d in letters],
+                [d.value or b"" for d in letters],
+                [d.key for d in letters],
+                [Jsonb(d.headers_json()) for d in letters],
             ),
         )
 
@@ -530,11 +523,12 @@ class PostgresProjection:
         )
 
     async def dead_letter_rows(self) -> list[dict[str, Any]]:
-        """Every dead letter (topic, partition, offset, reason, payload), by topic and place."""
+        """Every dead letter (topic, partition, offset, reason, payload, record_key, headers),
+        by topic and place."""
         return await self._rows(
             sql.SQL(
-                'SELECT topic, partition, "offset", reason, payload FROM dead_letters '
-                'ORDER BY topic, partition, "offset"'
+                'SELECT topic, partition, "offset", reason, payload, record_key, headers '
+                'FROM dead_letters ORDER BY topic, partition, "offset"'
             )
         )
 

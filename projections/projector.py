@@ -23,30 +23,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from projections.postgres import (
     ApplyResult,
-    DeadLetter,
     PostgresProjection,
     ProjectionError,
     ProjectionUnavailable,
 )
 from projections.rows import Position
-from schemas.codec import CodecError, decode
+from schemas.cloudevents import Header
+from schemas.codec import CodecError
+from schemas.dead_letters import DeadLetterRecord, UnreadableDeadLetter
 from schemas.events import Event, ToolCallRequested
-from schemas.topics import REASON_HEADER, Topics
+from schemas.topics import Topics
+from schemas.wire import SINGLE_OBJECT, WireFormat
 
 __all__ = [
-    "DEAD_LETTER_MAX_BYTES",
     "Batch",
     "KafkaProjector",
     "RebuildResult",
@@ -55,9 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTER_MAX_BYTES: Final = 1024
-"""How much of an undecodable record is kept (as the executor does for intents)."""
 
 T = TypeVar("T")
 
@@ -70,14 +67,18 @@ class Batch:
     """What one poll of the two topics becomes: the arguments of one ``apply``."""
 
     events: list[tuple[Event, Position]] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
+    dead_letters: list[DeadLetterRecord] = field(default_factory=list)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.dead_letters or self.next_offsets)
 
 
-def decode_batch(topics: Topics, records: Mapping[TopicPartition, Iterable[Any]]) -> Batch:
+def decode_batch(
+    topics: Topics,
+    records: Mapping[TopicPartition, Iterable[Any]],
+    wire: WireFormat = SINGLE_OBJECT,
+) -> Batch:
     """Decode polled records (aiokafka ``ConsumerRecord`` s) of ``outcomes`` and
     ``dead-letters``. Nothing here raises for bad data: an undecodable outcome, or an event
     that does not belong on the outcomes topic, becomes a dead letter at its own position."""
@@ -85,8 +86,8 @@ def decode_batch(topics: Topics, records: Mapping[TopicPartition, Iterable[Any]]
     for tp, recs in records.items():
         for record in recs:
             if tp.topic == topics.outcomes:
-                item = _outcome(topics, record)
-                if isinstance(item, DeadLetter):
+                item = _outcome(topics, record, wire)
+                if isinstance(item, DeadLetterRecord):
                     batch.dead_letters.append(item)
                 else:
                     batch.events.append((item, Position(record.partition, record.offset)))
@@ -95,16 +96,22 @@ def decode_batch(topics: Topics, records: Mapping[TopicPartition, Iterable[Any]]
     return batch
 
 
-def _outcome(topics: Topics, record: Any) -> Event | DeadLetter:
+def _outcome(topics: Topics, record: Any, wire: WireFormat) -> Event | DeadLetterRecord:
     value: bytes = record.value or b""
 
-    def dead(reason: str) -> DeadLetter:
-        return DeadLetter(
-            topics.outcomes, record.partition, record.offset, reason, value[:DEAD_LETTER_MAX_BYTES]
+    def dead(reason: str) -> DeadLetterRecord:
+        return DeadLetterRecord(
+            topics.outcomes,
+            record.partition,
+            record.offset,
+            reason,
+            record.key,
+            record.value,
+            _headers(record),
         )
 
     try:
-        event = decode(value)
+        event = wire.decode(value)
     except CodecError as exc:
         return dead(f"undecodable outcome record: {exc}")
     if isinstance(event, ToolCallRequested):  # raw arguments: never into the audit trail
@@ -112,27 +119,30 @@ def _outcome(topics: Topics, record: Any) -> Event | DeadLetter:
     return event
 
 
-def _dead_letter(topics: Topics, record: Any) -> DeadLetter:
-    """The executor's dead letter: value = the intent's bytes, header ``reason`` = JSON
-    ``{"partition", "offset", "reason"}`` of the intent. Stored at the intent's position."""
-    value: bytes = record.value or b""
-    raw = dict(record.headers or ()).get(REASON_HEADER)
+def _headers(record: Any) -> tuple[Header, ...]:
+    """A polled record's headers (aiokafka gives pairs, faust a mapping or pairs)."""
+    headers = record.headers or ()
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return tuple((str(name), bytes(value)) for name, value in pairs)
+
+
+def _dead_letter(topics: Topics, record: Any) -> DeadLetterRecord:
+    """The executor's dead letter (:mod:`schemas.dead_letters`), stored at the position of
+    the record it holds; one whose headers do not say where that was is stored at its own
+    position on the dead-letters topic, whole."""
+    headers = _headers(record)
     try:
-        if raw is None:
-            raise KeyError(REASON_HEADER)
-        info: Any = json.loads(raw)
-        partition, offset, reason = info["partition"], info["offset"], info["reason"]
-        if not (isinstance(partition, int) and isinstance(offset, int) and isinstance(reason, str)):
-            raise TypeError("partition, offset and reason must be int, int and str")
-    except (TypeError, KeyError, ValueError) as exc:
-        return DeadLetter(
+        return DeadLetterRecord.from_kafka(record.key, record.value, headers, topics.intents)
+    except UnreadableDeadLetter as exc:
+        return DeadLetterRecord(
             topics.dead_letters,
             record.partition,
             record.offset,
-            f"dead letter without a readable {REASON_HEADER!r} header ({exc!r})",
-            value[:DEAD_LETTER_MAX_BYTES],
+            str(exc),
+            record.key,
+            record.value,
+            headers,
         )
-    return DeadLetter(topics.intents, partition, offset, reason, value)
 
 
 async def _positions(
@@ -210,13 +220,17 @@ class KafkaProjector:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         consumer_options: Mapping[str, Any] | None = None,
+        wire: WireFormat = SINGLE_OBJECT,
     ) -> None:
+        """``wire``: the framing of the outcome events (:mod:`schemas.wire`); the
+        single-object encoding is read whatever it is."""
         if batch_max < 1:
             raise ValueError("batch_max must be at least 1")
         self.topics = topics
         self.name = topics.projector_group
         """The consumer name of the positions in PostgreSQL (the group id)."""
         self._projection = projection
+        self._wire = wire
         self._batch_max = batch_max
         self._poll_timeout_ms = poll_timeout_ms
         self._backoff = Backoff(backoff_initial, backoff_max)
@@ -359,7 +373,9 @@ class KafkaProjector:
         """Apply what was polled; False when PostgreSQL was unavailable (sought back)."""
         # assigned and sought: records of partitions being reassigned are left to their owner
         owned = set(self._stored) & set(self._consumer.assignment())
-        batch = decode_batch(self.topics, {tp: r for tp, r in records.items() if tp in owned})
+        batch = decode_batch(
+            self.topics, {tp: r for tp, r in records.items() if tp in owned}, self._wire
+        )
         moved = {
             tp: pos
             for tp, pos in (await _positions(self._consumer, owned)).items()
@@ -428,6 +444,7 @@ async def rebuild(
     backoff_initial: float = 0.1,
     backoff_max: float = 5.0,
     consumer_options: Mapping[str, Any] | None = None,
+    wire: WireFormat = SINGLE_OBJECT,
 ) -> RebuildResult:
     """Empty the projection and re-apply ``outcomes`` and ``dead-letters`` from the beginning
     to their end offsets (as of the start), writing the positions of the projector group, so a
@@ -453,7 +470,7 @@ async def rebuild(
         pending = {tp for tp in partitions if end[tp] > 0}
         while pending:
             records = await consumer.getmany(*pending, timeout_ms=500, max_records=batch_max)
-            batch = decode_batch(topics, records)
+            batch = decode_batch(topics, records, wire)
             moved = {
                 tp: pos
                 for tp, pos in (await _positions(consumer, pending)).items()

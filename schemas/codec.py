@@ -46,6 +46,7 @@ __all__ = [
     "AVRO_ROOT",
     "FINGERPRINT_ALGORITHM",
     "MARKER",
+    "PRIMITIVES",
     "SCHEMAS",
     "VERSIONS",
     "BadMarker",
@@ -60,6 +61,7 @@ __all__ = [
     "encode",
     "event_to_json",
     "fingerprint_of",
+    "named_types",
 ]
 
 MARKER: Final = b"\xc3\x01"
@@ -72,7 +74,7 @@ AVRO_ROOT: Final = Path(__file__).resolve().parent / "avro"
 Schema = dict[str, Any]
 """A parsed (fastavro) record schema."""
 
-_PRIMITIVES: Final = frozenset(
+PRIMITIVES: Final = frozenset(
     {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 )
 _NAMED: Final = frozenset({"record", "error", "enum", "fixed"})
@@ -179,7 +181,7 @@ def _inline(node: Any, namespace: str, library: Mapping[str, Any], defined: set[
     after that.
     """
     if isinstance(node, str):
-        if node in _PRIMITIVES:
+        if node in PRIMITIVES:
             return node
         full = _fullname(node, namespace)
         if full in defined:
@@ -210,7 +212,7 @@ def _inline(node: Any, namespace: str, library: Mapping[str, Any], defined: set[
         out["items"] = _inline(node["items"], namespace, library, defined)
     elif kind == "map":
         out["values"] = _inline(node["values"], namespace, library, defined)
-    elif not (isinstance(kind, str) and kind in _PRIMITIVES):
+    elif not (isinstance(kind, str) and kind in PRIMITIVES):
         out["type"] = _inline(kind, namespace, library, defined)
     return out
 
@@ -267,10 +269,7 @@ def _load_version_dir(directory: Path, library: dict[str, Any]) -> None:
         library[full] = raw
 
 
-def _load(root: Path) -> dict[int, dict[str, Schema]]:
-    """Every version under ``root``: version -> short record name -> self-contained schema."""
-    versions: dict[int, dict[str, Schema]] = {}
-    library: dict[str, Any] = {}  # the overlay: the newest definition of each name so far
+def _version_dirs(root: Path) -> list[tuple[int, Path]]:
     dirs = sorted(
         (int(match.group(1)), path)
         for path in root.iterdir()
@@ -278,7 +277,25 @@ def _load(root: Path) -> dict[int, dict[str, Schema]]:
     )
     if not dirs:
         raise SchemaLoadError(f"no schema version directories (v1, v2, ...) under {root}")
-    for version, directory in dirs:
+    return dirs
+
+
+def named_types(version: int, root: Path = AVRO_ROOT) -> dict[str, Any]:
+    """Full name -> the committed JSON of every named type of ``version`` (records and
+    enums, each as its file holds it: other named types referenced by full name), the
+    overlays of the versions below it resolved."""
+    library: dict[str, Any] = {}
+    for number, directory in _version_dirs(root):
+        if number <= version:
+            _load_version_dir(directory, library)
+    return library
+
+
+def _load(root: Path) -> dict[int, dict[str, Schema]]:
+    """Every version under ``root``: version -> short record name -> self-contained schema."""
+    versions: dict[int, dict[str, Schema]] = {}
+    library: dict[str, Any] = {}  # the overlay: the newest definition of each name so far
+    for version, directory in _version_dirs(root):
         _load_version_dir(directory, library)
         records: dict[str, Schema] = {}
         for full, raw in library.items():

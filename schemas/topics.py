@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.events import Event
-from schemas.keys import partition_for
+from schemas.keys import call_id_for, partition_for
 
 INTENT_ID_HEADER = "intent_id"
 ANSWER_HEADER = "answer"  # "1" on the event that answers its intent's caller
-REASON_HEADER = "reason"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,11 @@ class Topics:
 
 
 def partition_key(record: Event) -> bytes:
-    """Keyed calls (and operators' decisions on them) partition by call key; unkeyed
-    (read-only) ones by intent id. Switches are appended to every partition."""
+    """The Kafka key of every record of a call, on every topic, and what partitions it: a
+    keyed call's (and operators' decisions on it) is its call key; an unkeyed (read-only)
+    call's is its own call id (``call_...``), as is a switch's (which is appended to every
+    partition all the same)."""
     env = record.envelope
-    return (env.call_key if env.idempotency_key else env.intent_id).encode("utf-8")
+    if env.idempotency_key:
+        return env.call_key.encode("utf-8")
+    return call_id_for(env.call_key, "", env.intent_id).encode("utf-8")

@@ -5,7 +5,8 @@ and sets the configs each topic's role needs (:func:`apply_topic_configs`):
   sensitive data; the executor has processed an intent long before it is deleted.
 * outcomes: the audit trail and the projections' source; forever unless told otherwise.
 * state: compacted, so an expired key's tombstone removes it; a takeover reads only live keys.
-* dead letters: forever (they point at intents by offset and digest, never carry raw data).
+* dead letters: the intents' retention: a dead letter keeps the record it holds whole, an
+  intent's raw arguments included (schemas.dead_letters).
 * groups: the call groups' events (projections.group_relay). A submission carries its steps'
   literal arguments, so this topic has the intents' retention.
 """
@@ -42,7 +43,10 @@ def topic_configs(
             "retention.ms": str(FOREVER_MS),
             "delete.retention.ms": str(STATE_TOMBSTONE_RETENTION_MS),
         },
-        topics.dead_letters: {"cleanup.policy": "delete", "retention.ms": str(FOREVER_MS)},
+        topics.dead_letters: {
+            "cleanup.policy": "delete",
+            "retention.ms": str(intents_retention_ms),
+        },
         topics.groups: {"cleanup.policy": "delete", "retention.ms": str(intents_retention_ms)},
     }
 

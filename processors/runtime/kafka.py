@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -47,9 +46,11 @@ from processors.ports import CommitBatch, KeyEntry, Snapshot
 from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
 from processors.runtime.snapshot import topic_pairs
 from processors.runtime.state_table import StateMeta, state_meta
-from schemas.codec import encode
+from schemas.codec import CodecError
+from schemas.dead_letters import DeadLetterRecord
 from schemas.events import Event, answers_intent
-from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, REASON_HEADER, Topics
+from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics
+from schemas.wire import SINGLE_OBJECT, WireFormat
 
 log = logging.getLogger("toolledger.kafka")
 
@@ -65,12 +66,14 @@ class KafkaStore:
         partition: int,
         local: LocalStore,
         position: int,
+        wire: WireFormat = SINGLE_OBJECT,
     ) -> None:
         self._producer = producer
         self._topics = topics
         self._partition = partition
         self._local = local
         self._position = position
+        self._wire = wire
         self._committed_offset: int | None = None
 
     def load(self) -> Snapshot:
@@ -97,14 +100,10 @@ class KafkaStore:
             # commit below waits for every batch to be acknowledged.
             outcomes = _Batches(producer, topics.outcomes, p)
             for event in batch.events:
-                await outcomes.append(
-                    event.call_key.encode("utf-8"),
-                    encode(event),
-                    [
-                        (INTENT_ID_HEADER, event.intent_id.encode("utf-8")),
-                        (ANSWER_HEADER, b"1" if answers_intent(event) else b"0"),
-                    ],
-                )
+                event_key, event_value, headers = self._wire.record(event)
+                headers.append((INTENT_ID_HEADER, event.intent_id.encode("utf-8")))
+                headers.append((ANSWER_HEADER, b"1" if answers_intent(event) else b"0"))
+                await outcomes.append(event_key, event_value, headers)
             states = _Batches(producer, topics.state, p)
             for key, text in topic_pairs(batch, p):  # tombstones for expired keys: compaction
                 state = batch.states.get(key) if text is not None else None
@@ -115,11 +114,17 @@ class KafkaStore:
                     key.encode("utf-8"), value, [] if meta is None else meta_headers(meta)
                 )
             letters = _Batches(producer, topics.dead_letters, p)
-            for letter in batch.dead_letters:
-                reason = json.dumps(
-                    {"partition": p, "offset": letter.offset, "reason": letter.reason}
-                ).encode("utf-8")
-                await letters.append(None, letter.value, [(REASON_HEADER, reason)])
+            for letter in batch.dead_letters:  # the original record, with Connect's headers
+                dead = DeadLetterRecord(
+                    topics.intents,
+                    p,
+                    -1 if letter.offset is None else letter.offset,
+                    letter.reason,
+                    letter.key,
+                    letter.value,
+                    letter.headers,
+                )
+                await letters.append(dead.key, dead.value, dead.kafka_headers())
             for batches in (outcomes, states, letters):
                 await batches.flush()
             next_offset = batch.positions.get(p)
@@ -371,11 +376,14 @@ class KafkaExecutor:
         client_id: str = "toolledger-executor",
         state_dir: Path | None = None,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        wire: WireFormat = SINGLE_OBJECT,
     ) -> None:
         """``state_dir``: where the local stores of owned partitions live, kept across
         restarts (None: :func:`default_state_dir`, one directory per consumer group on this
-        host). ``cache_entries``: call keys held in memory by all partitions together."""
+        host). ``cache_entries``: call keys held in memory by all partitions together.
+        ``wire``: the framing of the records it reads and writes (:mod:`schemas.wire`)."""
         self.bootstrap = bootstrap
+        self._wire = wire
         self.topics = topics
         self._stages = stages
         self._concurrency = concurrency
@@ -533,7 +541,7 @@ class KafkaExecutor:
                 self.restored[p] = await restore_local(self.bootstrap, self.topics, local)
             tp = TopicPartition(self.topics.intents, p)
             position = await self._consumer.committed(tp) or 0
-            store = KafkaStore(producer, self.topics, p, local, position)
+            store = KafkaStore(producer, self.topics, p, local, position, self._wire)
             executor = Executor(
                 [p],
                 store,
@@ -652,8 +660,17 @@ class KafkaExecutor:
                 return
             if owner.executor.failed is not None:
                 return
+            value = record.value or b""
+            with contextlib.suppress(CodecError):  # else decoded as it is, and dead-lettered
+                value = self._wire.to_single_object(value)
             try:
-                await owner.executor.feed(partition, record.offset, record.value or b"")
+                await owner.executor.feed(
+                    partition,
+                    record.offset,
+                    value,
+                    key=record.key,
+                    headers=tuple(record.headers or ()),
+                )
             except ExecutorStopped:
                 return
             except Exception as exc:  # a bug: stop this partition, re-acquiring seeks back

@@ -28,7 +28,6 @@ from processors.ledger import CallState, fold_all
 from processors.ledger.rows import CALL_COLUMNS, call_row, state_of_row
 from projections import search
 from projections.postgres import (
-    DeadLetter,
     PostgresCalls,
     PostgresProjection,
     ProjectionError,
@@ -41,6 +40,7 @@ from projections.rows import EVENT_COLUMNS, Position, audit_payload
 from projections.sqlite import SqliteCalls
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
+from schemas.dead_letters import LEGACY_REASON_HEADER, DeadLetterRecord
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
     Envelope,
@@ -57,7 +57,7 @@ from schemas.events import (
 )
 from schemas.keys import CallKey, partition_for
 from schemas.status import CallStatus
-from schemas.topics import INTENT_ID_HEADER, REASON_HEADER, Topics
+from schemas.topics import INTENT_ID_HEADER, Topics
 from tests.unit.test_governance_views import sqlite_load, sqlite_with
 
 pytestmark = pytest.mark.services
@@ -416,7 +416,7 @@ async def test_a_failing_batch_writes_nothing(projection: PostgresProjection) ->
     first = history.scenario(Call.of("acme", "t", "a"), 0, "a")
     await projection.apply(positioned(first), CONSUMER, TOPIC)
     calls, audit = await projection.call_rows(), await projection.event_rows()
-    dead = DeadLetter(TOPIC, 0, 99, "bad bytes", b"\x00\x01")
+    dead = DeadLetterRecord(TOPIC, 0, 99, "bad bytes", None, b"\x00\x01")
 
     # A Started event whose call key names another call's (tenant, tool, key): its audit row
     # inserts fine, the tool_calls upsert then violates UNIQUE (tenant_id, tool_name,
@@ -482,15 +482,28 @@ async def test_postgres_rows_equal_sqlite_rows(projection: PostgresProjection) -
 
 async def test_dead_letters_are_recorded_once(projection: PostgresProjection) -> None:
     letters = [
-        DeadLetter("x.intents", 1, 5, "undecodable record: bad marker", b"\xff" * 10),
-        DeadLetter("x.outcomes", 0, 7, "undecodable outcome record", b""),
+        DeadLetterRecord(
+            "x.intents",
+            1,
+            5,
+            "undecodable record: bad marker",
+            b'["acme","t","k"]',
+            b"\xff" * 10,
+            (("ce_id", b"e-1"), ("binary", b"\xff\x00")),
+        ),
+        DeadLetterRecord("x.outcomes", 0, 7, "undecodable outcome record", None, None),
     ]
     await projection.record_dead_letters(letters, CONSUMER, {("x.dead-letters", 1): 1})
     await projection.record_dead_letters(letters, CONSUMER, {("x.dead-letters", 1): 1})
     assert await projection.dead_letter_count() == 2
     assert await projection.dead_letter_reasons("x.intents") == [letters[0].reason]
     rows = await projection.dead_letter_rows()
-    assert [bytes(r["payload"]) for r in rows] == [letters[0].payload, letters[1].payload]
+    assert [bytes(r["payload"]) for r in rows] == [b"\xff" * 10, b""]
+    assert [r["record_key"] for r in rows] == [b'["acme","t","k"]', None]
+    assert [r["headers"] for r in rows] == [
+        [{"name": "ce_id", "value": "e-1"}, {"name": "binary", "base64": "/wA="}],
+        [],
+    ]
     assert await projection.positions(CONSUMER, "x.dead-letters") == {1: 1}
     await projection.reset()
     assert await projection.dead_letter_count() == 0
@@ -623,7 +636,7 @@ async def produce(
                     topics.dead_letters,
                     value,
                     partition=partition,
-                    headers=[(REASON_HEADER, header.encode("utf-8"))],
+                    headers=[(LEGACY_REASON_HEADER, header.encode("utf-8"))],
                 )
     finally:
         await producer.stop()

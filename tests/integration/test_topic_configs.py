@@ -24,6 +24,8 @@ def test_topics_sets_retention_and_compaction_and_can_change_them(services: Serv
     assert f"{prefix}outcomes: cleanup.policy=delete, retention.ms=-1" in first.output
     # the groups' events carry their steps' literal arguments: the intents' retention
     assert f"{prefix}groups: cleanup.policy=delete, retention.ms=86400000" in first.output
+    # a dead letter keeps the intent it holds, raw arguments included: the intents' retention
+    assert f"{prefix}dead-letters: cleanup.policy=delete, retention.ms=86400000" in first.output
     again = CliRunner().invoke(
         app, [*common, "--intents-retention", "2h", "--outcomes-retention", "30d"]
     )
@@ -31,6 +33,7 @@ def test_topics_sets_retention_and_compaction_and_can_change_them(services: Serv
     assert f"{prefix}intents: cleanup.policy=delete, retention.ms=7200000" in again.output
     assert f"{prefix}outcomes: cleanup.policy=delete, retention.ms=2592000000" in again.output
     assert f"{prefix}groups: cleanup.policy=delete, retention.ms=7200000" in again.output
+    assert f"{prefix}dead-letters: cleanup.policy=delete, retention.ms=7200000" in again.output
 
 
 def test_topics_refuses_intents_kept_forever_or_a_bad_duration(services: Services) -> None:

@@ -62,7 +62,16 @@ from schemas.status import CallStatus
 
 AVRO_ROOT = Path(codec.__file__).resolve().parent / "avro"
 NAMESPACE = "toolledger.events"
-SHARED = ("FieldError", "ErrorInfo", "Envelope", "JobInfo")  # dependencies first
+SHARED = (  # dependencies first
+    "FieldError",
+    "ErrorInfo",
+    "Envelope",
+    "CallStatus",
+    "FailureDisposition",
+    "JobStatus",
+    "Resolution",
+    "JobInfo",
+)
 
 # ------------------------------------------------------------------------------------ samples
 
@@ -587,10 +596,8 @@ def _expected_avro_type(annotation: Any) -> Any:
         return "double"
     if annotation is datetime:
         return {"type": "long", "logicalType": "timestamp-micros"}
-    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
-        symbols = [member.value for member in annotation]
-        return {"type": "enum", "name": annotation.__name__, "symbols": symbols}
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum | BaseModel):
+        # each named type is declared once, in its own file, and referred to by full name
         return f"{NAMESPACE}.{annotation.__name__}"
     raise AssertionError(f"no Avro mapping for {annotation!r}")
 
@@ -626,6 +633,39 @@ def test_avsc_mirrors_the_model(model: type[BaseModel]) -> None:
         else:
             assert "default" in field, f"{field['name']} has a default in the model"
             assert field["default"] == info.get_default(call_default_factory=True), field
+
+
+ENUMS: list[type[StrEnum]] = [CallStatus, FailureDisposition, JobStatus, Resolution]
+
+
+@pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
+def test_enum_avsc_mirrors_the_enum(enum: type[StrEnum]) -> None:
+    raw = json.loads(_current_file(enum.__name__).read_text(encoding="utf-8"))
+    assert raw["type"] == "enum"
+    assert raw["name"] == enum.__name__
+    assert raw["namespace"] == NAMESPACE
+    assert isinstance(raw.get("doc"), str) and raw["doc"].strip()
+    assert raw["symbols"] == [member.value for member in enum]
+
+
+def test_each_named_type_is_declared_in_one_file() -> None:
+    declared: dict[str, list[str]] = {}
+
+    def walk(node: Any, path: Path) -> None:
+        if isinstance(node, dict):
+            if node.get("type") in ("record", "enum", "fixed", "error"):
+                declared.setdefault(node["name"], []).append(str(path))
+            for value in node.values():
+                walk(value, path)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, path)
+
+    for directory in sorted(AVRO_ROOT.glob("v*")):
+        for path in sorted(directory.glob("*.avsc")):
+            walk(json.loads(path.read_text(encoding="utf-8")), path.relative_to(AVRO_ROOT))
+    for name, files in declared.items():
+        assert [Path(f).name for f in files] == [f"{name}.avsc"] * len(files), (name, files)
 
 
 def test_events_start_with_the_envelope() -> None:
