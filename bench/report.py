@@ -1,9 +1,9 @@
 """The tables of docs/benchmarks.md, made from the result files in bench/results/.
 
 The page holds one marker line per table, ``<!-- bench:NAME -->``; when the site is built,
-this module's ``on_page_markdown`` (a MkDocs hook, named in mkdocs.yml) puts the table in the
-marker's place, so the page always shows the figures of the result files in the tree. A
-marker without a table, or a result file without a figure a table needs, fails the build.
+:func:`fill` (called by the site's hook, ``mkdocs_hooks.py``) puts the table in the marker's
+place, so the page always shows the figures of the result files in the tree. A marker without
+a table, or a result file without a figure a table needs, fails the build.
 ``python -m bench.report`` prints every table.
 """
 
@@ -185,15 +185,24 @@ def matrix() -> str:
                 f"{_n(cell['duplicates'] * 100)}%",
                 f"{_n(ledger['calls_per_s'])} calls/s, p50 {_n(ledger['p50_ms'], 1)} ms, "
                 f"p99 {_n(ledger['p99_ms'], 1)} ms",
-                "" if half is None else f"{_n(half['rate_per_s'])} calls/s issued: p50 "
+                ""
+                if half is None
+                else f"{_n(half['rate_per_s'])} calls/s issued: p50 "
                 f"{_n(half['p50_ms'], 1)} ms, p99 {_n(half['p99_ms'], 1)} ms",
                 f"{_n(raw['calls_per_s'])} calls/s",
                 _n(cell["ratio"], 3),
             ]
         )
     return _table(
-        ["callers", "synchronous", "duplicates", "toolledger", "at half that rate",
-         "raw claim table", "ratio"],
+        [
+            "callers",
+            "synchronous",
+            "duplicates",
+            "toolledger",
+            "at half that rate",
+            "raw claim table",
+            "ratio",
+        ],
         rows,
     )
 
@@ -231,8 +240,14 @@ def scale_embedded() -> str:
         ]
     )
     return _table(
-        ["run", "resident memory, first / last step", "calls/s, first / last step",
-         "reopen, until the first answer", "disk per call", "disk growth, last step"],
+        [
+            "run",
+            "resident memory, first / last step",
+            "calls/s, first / last step",
+            "reopen, until the first answer",
+            "disk per call",
+            "disk growth, last step",
+        ],
         rows,
     )
 
@@ -264,10 +279,11 @@ def scale_kafka() -> str:
         for index, run in enumerate(kafka["runs"], start=1)
     ]
     targets = _load("scale")["meta"]["targets"]
-    rows.append(["target", "", "", targets["cold_over_raw"] + "x", targets["warm_takeover_s"] + " s"])
+    rows.append(
+        ["target", "", "", targets["cold_over_raw"] + "x", targets["warm_takeover_s"] + " s"]
+    )
     return _table(
-        ["run", "raw aiokafka read", "cold takeover (no local store)", "ratio",
-         "warm takeover"],
+        ["run", "raw aiokafka read", "cold takeover (no local store)", "ratio", "warm takeover"],
         rows,
     )
 
@@ -277,7 +293,8 @@ def targets() -> str:
     embedded, peer, kafka = _load("embedded"), _load("peers"), _load("kafka")
     process, http, workers = _load("kafka_executor_process"), _load("http"), _load("http_workers")
     cell = next(
-        c for c in embedded["matrix"]["cells"]
+        c
+        for c in embedded["matrix"]["cells"]
         if (c["callers"], c["synchronous"], c["duplicates"]) == (16, "FULL", 0.0)
     )
     half = cell["toolledger"]["half_rate"]
@@ -348,11 +365,6 @@ def fill(markdown: str) -> str:
         return TABLES[name]()
 
     return MARKER.sub(table, markdown)
-
-
-def on_page_markdown(markdown: str, **_context: object) -> str:
-    """The MkDocs hook: every page's markdown, its benchmark markers filled."""
-    return fill(markdown)
 
 
 if __name__ == "__main__":
