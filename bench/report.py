@@ -288,6 +288,52 @@ def scale_kafka() -> str:
     )
 
 
+def cpu() -> str:
+    """Where the CPU goes, per request and per call, in the same runs."""
+    http, kafka, workers = _load("http"), _load("kafka"), _load("http_workers")
+    phases = http["meta"]["phases"]
+    one = next(r for r in workers["meta"]["runs"] if r["workers"] == 1)["phases"]
+    diagnostics = kafka["meta"]["diagnostics"]
+    transaction = diagnostics["e2e"]["executor_transaction_ms"]
+    return _table(
+        ["what", "CPU", "baseline"],
+        [
+            [
+                "HTTP server, embedded: a first execution / a replay",
+                f"{_n(phases['first']['server_cpu_ms_per_request'], 2)} / "
+                f"{_n(phases['replays']['server_cpu_ms_per_request'], 2)} ms per request",
+                f"bare FastAPI: {_n(phases['bare']['server_cpu_ms_per_request'], 2)} ms",
+            ],
+            [
+                "HTTP front door on Kafka + PostgreSQL: a first execution / a replay",
+                f"{_n(one['first']['front_doors_cpu_ms_per_request'], 2)} / "
+                f"{_n(one['replays']['front_doors_cpu_ms_per_request'], 2)} ms per request",
+                f"per wall second with one front door: front door "
+                f"{_n(one['first']['front_doors_cpu_per_wall_s'], 2)}, executor "
+                f"{_n(one['first']['executor_cpu_per_wall_s'], 2)}, projector "
+                f"{_n(one['first']['projector_cpu_per_wall_s'], 2)}, broker "
+                f"{_n(one['first']['broker_cpu_per_wall_s'], 2)}, PostgreSQL "
+                f"{_n(one['first']['postgres_cpu_per_wall_s'], 2)} of a core",
+            ],
+            [
+                "Kafka end to end (client, executor and handler in one process)",
+                f"{_n(diagnostics['e2e']['cpu_ms_per_call'], 2)} ms per call",
+                "the transactional pipe: "
+                f"{_n(diagnostics['raw_txn_pipe_cpu_ms_per_round_trip'], 3)} ms per round trip",
+            ],
+            [
+                "an executor transaction (p50)",
+                f"{_n(transaction['p50'])} ms, of which `send_offsets_to_transaction` "
+                f"{_n(transaction['send_offsets_p50'])} ms and the commit "
+                f"{_n(transaction['commit_transaction_p50'])} ms; "
+                f"{_n(diagnostics['executor_events_per_commit'], 1)} events per commit",
+                f"the pipe's transactions hold "
+                f"{_n(diagnostics['raw_txn_pipe_records_per_transaction'], 1)} records",
+            ],
+        ],
+    )
+
+
 def targets() -> str:
     """Each target of the hot-path work and where the last run stands."""
     embedded, peer, kafka = _load("embedded"), _load("peers"), _load("kafka")
@@ -351,6 +397,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale-embedded": scale_embedded,
     "scale-steps": scale_steps,
     "scale-kafka": scale_kafka,
+    "cpu": cpu,
     "targets": targets,
 }
 
