@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test test-unit test-kafka4 lint serve bench services-up services-down clean
+.PHONY: demo test test-unit test-kafka4 lint docs serve bench services-up services-down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "toolledger needs Python >= 3.11"'
@@ -72,6 +72,10 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict
 	$(BIN)/lint-imports --no-cache
 
+# The documentation site, offline, into site/ (tests/unit/test_docs_snippets.py builds it too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python -m bench.embedded
 
@@ -82,4 +86,4 @@ services-down:
 	bash services/down.sh
 
 clean:
-	rm -rf $(VENV) .services build *.egg-info
+	rm -rf $(VENV) .services build site *.egg-info
