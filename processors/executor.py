@@ -227,7 +227,6 @@ class _Pass:
 
     batch: CommitBatch = field(default_factory=CommitBatch)
     start: list[_Flight] = field(default_factory=list)
-    touched: set[str] = field(default_factory=set)  # keys whose entries the batch changes
     spans: list[Span] = field(default_factory=list)  # commit spans, ended once written
     ending: list[tracing.Run] = field(default_factory=list)  # runs over once it is written
     # inputs fully decided by this batch: (partition, offset, whether it was refused)
@@ -541,9 +540,7 @@ class Executor:
 
     def _committed(self, work: _Pass) -> None:
         """After the write: keys released, events published, actions started."""
-        for key in work.touched:
-            self.cache.release(key)
-        self.cache.trim()
+        self.cache.trim()  # only now: what it evicts is what the store holds
         for p, refused in work.batch.refused.items():
             self._stored_refused[p] = refused
         if self._on_committed is not None and work.batch.events:
@@ -577,8 +574,6 @@ class Executor:
                     self._decide_in_order(other, work)
                 break
             self._decide_in_order(item, work)
-        for key in work.touched:
-            self.cache.hold(key)
         self._record_positions(work)
         return work
 
@@ -928,7 +923,6 @@ class Executor:
                 if book is not None:
                     self.cache.set_book(key, book)
                     batch.approvals[key] = book
-                    work.touched.add(key)
             elif isinstance(event, ToolDisabled | ToolEnabled):
                 switch = switch_of(event)
                 self._apply_switch(switch)
@@ -943,7 +937,6 @@ class Executor:
                 batch.states.pop(key, None)
                 batch.approvals.pop(key, None)
                 batch.expired.add(key)
-                work.touched.add(key)
             elif isinstance(event, ToolCallRejected) or not event.envelope.idempotency_key:
                 pass  # a refusal or a read-only call: no key state
             else:
@@ -952,7 +945,6 @@ class Executor:
                 if new is not None and new is not old:  # a replay leaves it as it is
                     self._set_state(key, new)
                     batch.states[key] = new
-                    work.touched.add(key)
                     # expired and started again in one batch: the key stays in ``expired``,
                     # so the stores delete the old row and book before writing the new one
 

@@ -2,17 +2,18 @@
 
 Why answers cannot change with the cache's size (what the differential tests check):
 
-* a key is *held* (never evicted) while the executor has work for it (queued or running) and
-  until the write of the last batch that changed it returned: an entry that becomes evictable
-  is already what the store holds, so reading it back gives the same entry;
-* unresolved calls (PENDING, UNKNOWN) are held: the sweeper and the takeover recovery look at
-  them without reading the store;
+* entries are evicted only by :meth:`KeyCache.trim`, which the executor calls after the write
+  of a batch returned, and it decides the next batch only then: an evicted entry is what the
+  store holds, so reading it back gives the same entry;
+* unresolved calls (PENDING, UNKNOWN) are never evicted: the sweeper and the takeover
+  recovery look at them without reading the store, and every key with an action in flight
+  (or work queued behind one) is one of them;
 * a miss is read from the store, every miss of a decision pass in one read.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from processors.ledger import CallState
@@ -37,8 +38,7 @@ class KeyCache:
         self.capacity = capacity
         self._store = store
         self._lru: OrderedDict[str, KeyEntry] = OrderedDict()  # evictable, oldest first
-        self._held: dict[str, KeyEntry] = {}  # held or unresolved: never evicted
-        self._holds: Counter[str] = Counter()
+        self._held: dict[str, KeyEntry] = {}  # unresolved: never evicted
 
     def load(self, keys: Iterable[str]) -> None:
         """Make ``keys`` resident: the ones missing are read from the store in one read."""
@@ -48,22 +48,6 @@ class KeyCache:
         found = self._store.read(missing)
         for key in missing:
             self._place(key, found.get(key, EMPTY))
-
-    def hold(self, key: str) -> None:
-        self._holds[key] += 1
-        entry = self._lru.pop(key, None)
-        if entry is not None:
-            self._held[key] = entry
-
-    def release(self, key: str) -> None:
-        self._holds[key] -= 1
-        if self._holds[key] > 0:
-            return
-        del self._holds[key]
-        entry = self._held.get(key)
-        if entry is not None and not _unresolved(entry):
-            del self._held[key]
-            self._lru[key] = entry
 
     def trim(self) -> None:
         while len(self._lru) > self.capacity:
@@ -107,7 +91,7 @@ class KeyCache:
         return {k: e.state for k, e in self._held.items() if e.state and _unresolved(e)}
 
     def _place(self, key: str, entry: KeyEntry) -> None:
-        if key in self._holds or _unresolved(entry):
+        if _unresolved(entry):
             self._lru.pop(key, None)
             self._held[key] = entry
         else:

@@ -241,7 +241,15 @@ class LedgerClient:
         try:
             await self._transport.send(intent)
             timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
-            return result_of(await asyncio.wait_for(asyncio.shield(waiter.answer), timeout))
+            try:
+                async with asyncio.timeout(timeout):
+                    return result_of(await waiter.answer)
+            except TimeoutError:
+                # the wait cancelled the answer's future (ours alone): the next answer goes
+                # to a new one, which the decision's wait below awaits
+                if waiter.answer.cancelled():
+                    waiter.answer = asyncio.get_running_loop().create_future()
+                raise
         except TransportError as exc:
             # The intent may or may not have reached the log: the same key makes a retry safe.
             error = ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}")
@@ -266,7 +274,7 @@ class LedgerClient:
         while True:
             if waiter.answer.done():
                 return result_of(waiter.answer.result())
-            if waiter.started.is_set():
+            if waiter.started:
                 running = ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_IN_USE, "The call is running.")
                 return _pending(call_id, intent_id, running, running=True)
             if queued is not None and await queued(call_id, intent_id):
@@ -285,7 +293,7 @@ class LedgerClient:
                     "most once.",
                 )
                 return _pending(call_id, intent_id, undecided)
-            started: asyncio.Future[Any] = asyncio.ensure_future(waiter.started.wait())
+            started: asyncio.Future[Any] = asyncio.ensure_future(waiter.start_signal().wait())
             either: list[asyncio.Future[Any]] = [waiter.answer, started]
             try:
                 await asyncio.wait(

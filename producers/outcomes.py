@@ -18,7 +18,22 @@ from schemas.events import Event, ToolCallStarted, answers_intent
 @dataclass(slots=True)
 class Waiter:
     answer: asyncio.Future[Event]
-    started: asyncio.Event = field(default_factory=asyncio.Event)
+    started: bool = False
+    # made only by a caller that waits for the start (most callers wait for the answer only)
+    _start_signal: asyncio.Event | None = field(default=None, repr=False)
+
+    def mark_started(self) -> None:
+        self.started = True
+        if self._start_signal is not None:
+            self._start_signal.set()
+
+    def start_signal(self) -> asyncio.Event:
+        """Set once the call is started (its Started event committed)."""
+        if self._start_signal is None:
+            self._start_signal = asyncio.Event()
+            if self.started:
+                self._start_signal.set()
+        return self._start_signal
 
 
 class OutcomeHub:
@@ -42,12 +57,12 @@ class OutcomeHub:
         for event in events:
             if answers_intent(event):
                 for waiter in self._waiters.pop(event.intent_id, ()):
-                    waiter.started.set()
+                    waiter.mark_started()
                     if not waiter.answer.done():
                         waiter.answer.set_result(event)
             elif isinstance(event, ToolCallStarted):
                 for waiter in self._waiters.get(event.intent_id, ()):
-                    waiter.started.set()
+                    waiter.mark_started()
 
     def fail(self, intent_ids: Iterable[str], error: BaseException) -> None:
         """The intents will not be answered (not durably decided): their callers get

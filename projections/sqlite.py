@@ -21,6 +21,7 @@ from typing import Any
 
 from projections import governance, search
 from projections.dialect import SQLITE, Query
+from schemas.events import Event
 from schemas.keys import call_id_for
 
 _APPROVAL_TYPES = "'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalConsumed'"
@@ -59,26 +60,31 @@ SELECT a.seq, a.event_id, a.log_partition, a.seq AS log_offset, a.call_id, a.cal
   FROM audit_events a JOIN events e ON e.seq = a.seq;
 """
 
-_DERIVE = """
-INSERT INTO audit_events (seq, event_id, log_partition, call_id, call_key, tenant_id, tool_name,
-                          idempotency_key, intent_id, run_id, event_type, occurred_at, approval_id)
-SELECT seq, event_id, partition, tl_call_id(call_key, idempotency_key, intent_id), call_key,
-       tenant_id, tool_name, idempotency_key, intent_id, run_id, event_type, occurred_at,
-       approval_id
-  FROM (SELECT seq, partition,
-               json_extract(event, '$.envelope.event_id') AS event_id,
-               json_extract(event, '$.envelope.call_key') AS call_key,
-               json_extract(event, '$.envelope.tenant_id') AS tenant_id,
-               json_extract(event, '$.envelope.tool') AS tool_name,
-               json_extract(event, '$.envelope.idempotency_key') AS idempotency_key,
-               json_extract(event, '$.envelope.intent_id') AS intent_id,
-               json_extract(event, '$.envelope.run_id') AS run_id,
-               json_extract(event, '$.type') AS event_type,
-               json_extract(event, '$.envelope.occurred_at') AS occurred_at,
-               json_extract(event, '$.approval_id') AS approval_id
-          FROM events WHERE seq > ? AND seq <= ?)
- ORDER BY seq
-"""
+_DERIVE = (
+    "INSERT INTO audit_events (seq, event_id, log_partition, call_id, call_key, tenant_id, "
+    "tool_name, idempotency_key, intent_id, run_id, event_type, occurred_at, approval_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def audit_row(seq: int, partition: int, event: Event) -> tuple[Any, ...]:
+    """The audit trail's row of the event at ``seq`` in the log (what it is found by)."""
+    env = event.envelope
+    return (
+        seq,
+        env.event_id,
+        partition,
+        call_id_for(env.call_key, env.idempotency_key, env.intent_id),
+        env.call_key,
+        env.tenant_id,
+        env.tool,
+        env.idempotency_key,
+        env.intent_id,
+        env.run_id,
+        event.TYPE,
+        env.occurred_at.isoformat(),
+        getattr(event, "approval_id", None),
+    )
 
 
 def _utc_text(value: str) -> str:
@@ -159,17 +165,11 @@ class SqliteReadModel:
 
     ddl = DDL
 
-    def prepare(self, conn: sqlite3.Connection) -> None:
-        conn.create_function("tl_call_id", 3, call_id_for, deterministic=True)
-
-    def derive(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
-        conn.execute(_DERIVE, (after, upto))
+    def derive(self, conn: sqlite3.Connection, events: Sequence[tuple[int, int, Event]]) -> None:
+        conn.executemany(_DERIVE, [audit_row(seq, p, event) for seq, p, event in events])
 
     def drop(self, conn: sqlite3.Connection) -> None:
         drop(conn)
-
-    def keep(self, conn: sqlite3.Connection, before: int) -> None:
-        conn.execute("DELETE FROM audit_events WHERE seq < ?", (before,))
 
 
 class SqliteCalls(search.CallReads, governance.GovernanceReads):

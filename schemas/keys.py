@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,8 +23,14 @@ class InvalidIdempotencyKey(ValueError):
     pass
 
 
+_PRINTABLE_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+_JSON_PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\U0010ffff]*')  # written by JSON as it is
+
+
 def check_idempotency_key(key: str) -> str:
     """Return ``key`` if it is 1..255 printable ASCII characters (0x20-0x7E), else raise."""
+    if _PRINTABLE_KEY.fullmatch(key):
+        return key
     if not key:
         raise InvalidIdempotencyKey("the idempotency key is empty")
     if len(key) > MAX_KEY_LENGTH:
@@ -61,14 +68,13 @@ class CallKey:
     idempotency_key: str
 
     def encode(self) -> bytes:
-        return json.dumps(
-            [self.tenant_id, self.tool, self.idempotency_key],
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode("utf-8")
+        return str(self).encode("utf-8")
 
     def __str__(self) -> str:
-        return self.encode().decode("utf-8")
+        parts = (self.tenant_id, self.tool, self.idempotency_key)
+        if all(_JSON_PLAIN.fullmatch(part) for part in parts):  # JSON writes them as they are
+            return '["' + '","'.join(parts) + '"]'
+        return json.dumps(list(parts), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> CallKey:

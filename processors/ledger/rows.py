@@ -51,7 +51,8 @@ CALL_FIELDS = (*CALL_COLUMNS, "settled_at")
 def holds_nul(model: object, fields: Iterable[str]) -> bool:
     """Whether a field its row also stores as a column holds a NUL (then the JSON keeps the
     whole thing: the column of PostgreSQL text cannot)."""
-    return any("\x00" in (getattr(model, field) or "") for field in fields)
+    values = model.__dict__
+    return "\x00" in "".join([values[field] or "" for field in fields])
 
 
 def call_row(call_key: str, state: CallState) -> dict[str, Any]:

@@ -120,19 +120,12 @@ class ReadModel(Protocol):
         """Its tables, indexes and views, as one script (statements end with ``;`` and hold
         no other ``;``)."""
 
-    def prepare(self, conn: sqlite3.Connection) -> None:
-        """Ready a connection that derives it (e.g. register SQL functions)."""
-
-    def derive(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
-        """Derive the rows of the events with ``after < seq <= upto``, inside the caller's
-        transaction."""
+    def derive(self, conn: sqlite3.Connection, events: Sequence[tuple[int, int, Event]]) -> None:
+        """Derive the rows of ``events`` (``(seq, partition, event)``, in log order) inside
+        the caller's transaction."""
 
     def drop(self, conn: sqlite3.Connection) -> None:
         """Drop every table and view of the read model (a rebuild creates them again)."""
-
-    def keep(self, conn: sqlite3.Connection, before: int) -> None:
-        """The events with ``seq < before`` are about to be deleted by their retention:
-        drop what the read model holds of them (inside the caller's transaction)."""
 
 
 class SqliteLedger:
@@ -177,6 +170,8 @@ class SqliteLedger:
         self._write_lock = threading.Lock()
         self._derived = self._position(self._writes)  # the read model's position (writer's)
         self.last_seq = self._last_seq(self._writes)
+        # the events of the last write, to derive from as they are (else read from the log)
+        self._written: list[tuple[int, int, Event]] = []
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -355,6 +350,12 @@ class SqliteLedger:
                 self.last_seq = before
                 raise
             self.last_seq = before + len(encoded)
+            self._written = [
+                (before + 1 + n, partition, event)
+                for n, (event, partition) in enumerate(
+                    zip(batch.events, batch.partitions, strict=True)
+                )
+            ]
 
     @staticmethod
     def _put_states(conn: sqlite3.Connection, batch: CommitBatch) -> None:
@@ -376,19 +377,36 @@ class SqliteLedger:
 
     def tail(self, limit: int = 4096) -> int:
         """Derive the read model of events written since its position (at most ``limit``),
-        in one transaction that moves its position; returns how many. Not fsynced: a crash
-        loses at most this work, done again from the position (the next synced commit syncs
-        it with its own)."""
+        in one transaction that moves its position; returns how many. The events of the
+        last write are taken as they are; any before them (a derivation that failed, or a
+        crash after the write) are read back from the log. Not fsynced: a crash loses at
+        most this work, done again from the position (the next synced commit syncs it with
+        its own)."""
         with self._write_lock:
             after = self._derived
-            upto = min(self.last_seq, after + limit)
-            if upto <= after:
+            if after >= self.last_seq:
                 return 0
+            written = self._written
+            if written and written[0][0] == after + 1:
+                events = written[:limit]
+            else:
+                events = [
+                    (seq, partition, self._decoded(seq, partition, text))
+                    for seq, partition, text in self._writes.execute(
+                        "SELECT seq, partition, event FROM events WHERE seq > ? "
+                        "ORDER BY seq LIMIT ?",
+                        (after, limit),
+                    )
+                ]
+            if not events:  # deleted meanwhile (retention): nothing to derive up to there
+                self._derived = self.last_seq
+                return 0
+            upto = events[-1][0]
             conn = self._writes
             conn.execute("PRAGMA synchronous=OFF")
             try:
                 with transaction(conn):
-                    self.read_model.derive(conn, after, upto)
+                    self.read_model.derive(conn, events)
                     conn.execute(
                         "INSERT INTO positions VALUES (?, ?) ON CONFLICT (consumer) "
                         "DO UPDATE SET position = excluded.position",
@@ -397,7 +415,7 @@ class SqliteLedger:
             finally:
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
             self._derived = upto
-            return upto - after
+            return len(events)
 
     @property
     def derived(self) -> int:
@@ -486,6 +504,7 @@ class SqliteLedger:
             ]
             refold(conn, self.read_model, events)
             self._derived = 0
+            self._written = []
         while self.tail():
             pass
         return len(events)
@@ -516,7 +535,6 @@ class SqliteLedger:
 
 def create(conn: sqlite3.Connection, read_model: ReadModel) -> None:
     """The ledger's tables and the read model's, inside the caller's transaction."""
-    read_model.prepare(conn)
     _run(conn, _CALLS_DDL)
     state_table.create(conn)
     _run(conn, read_model.ddl)

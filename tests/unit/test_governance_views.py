@@ -846,12 +846,14 @@ def sqlite_load(conn: sqlite3.Connection, batch: Sequence[tuple[Event, Position]
         "INSERT INTO events (partition, event) VALUES (?, ?)",
         [(position.partition, event_json(event)) for event, position in batch],
     )
-    events = [
-        event_of_json(text)
-        for (text,) in conn.execute("SELECT event FROM events ORDER BY seq")
+    logged = [
+        (seq, partition, event_of_json(text))
+        for seq, partition, text in conn.execute(
+            "SELECT seq, partition, event FROM events ORDER BY seq"
+        )
     ]
-    sqlite_ledger.refold(conn, READ_MODEL, events)
-    READ_MODEL.derive(conn, 0, 1 << 62)
+    sqlite_ledger.refold(conn, READ_MODEL, [event for _, _, event in logged])
+    READ_MODEL.derive(conn, logged)
     conn.execute("COMMIT")
 
 

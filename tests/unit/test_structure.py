@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from projections.dialect import POSTGRES, SQLITE
 from projections.sqlite import SqliteReadModel
 from schemas.calls import CallFilter
 from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import Envelope, ToolCallRejected
+from schemas.events import Envelope, Event, ToolCallRejected
 from schemas.keys import CallKey
 
 
@@ -28,13 +29,9 @@ class Recording(SqliteReadModel):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def prepare(self, conn: sqlite3.Connection) -> None:
-        self.calls.append("prepare")
-        super().prepare(conn)
-
-    def derive(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
-        self.calls.append(f"derive {after}..{upto}")
-        super().derive(conn, after, upto)
+    def derive(self, conn: sqlite3.Connection, events: Sequence[tuple[int, int, Event]]) -> None:
+        self.calls.append(f"derive {[seq for seq, _, _ in events]}")
+        super().derive(conn, events)
 
     def drop(self, conn: sqlite3.Connection) -> None:
         self.calls.append("drop")
@@ -47,7 +44,7 @@ def test_the_ledger_derives_the_read_model_it_is_handed(tmp_path: Path) -> None:
     log = SqliteLedger(tmp_path / "ledger.db", create=True, read_model=typed)
     try:
         assert log.read_model is read_model
-        assert read_model.calls == ["prepare"]  # its tables are made when the file opens
+        assert read_model.calls == []
         tables = {r[0] for r in log.conn.execute("SELECT name FROM sqlite_master")}
         assert {"tool_calls", "events", "audit_events"} <= tables
         refused = ToolCallRejected(
@@ -65,9 +62,9 @@ def test_the_ledger_derives_the_read_model_it_is_handed(tmp_path: Path) -> None:
             error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, "no"),
         )
         log.write(CommitBatch(), [(0, event_json(refused))])
-        assert read_model.calls == ["prepare"]  # the write derived nothing
+        assert read_model.calls == []  # the write derived nothing
         assert log.tail() == 1  # derived after the write, in a transaction of its own
-        assert read_model.calls == ["prepare", "derive 0..1"]
+        assert read_model.calls == ["derive [1]"]
     finally:
         log.close()
 
