@@ -945,6 +945,8 @@ class Executor:
                 if new is not None and new is not old:  # a replay leaves it as it is
                     self._set_state(key, new)
                     batch.states[key] = new
+                    if old is None:
+                        batch.created.add(key)
                     # expired and started again in one batch: the key stays in ``expired``,
                     # so the stores delete the old row and book before writing the new one
 

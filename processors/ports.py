@@ -158,6 +158,7 @@ class CommitBatch:
     events: list[Event] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)  # the log partition of each event
     states: dict[str, CallState] = field(default_factory=dict)
+    created: set[str] = field(default_factory=set)  # keys of ``states`` new in this batch
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)
     switches: dict[tuple[int, str], Switch] = field(default_factory=dict)  # (partition, key)
     expired: set[str] = field(default_factory=set)  # keys forgotten: state and book deleted
@@ -196,6 +197,7 @@ class Snapshot:
     Any other key's entry is read from the store when the key is used."""
 
     states: dict[str, CallState] = field(default_factory=dict)
+    created: set[str] = field(default_factory=set)  # keys of ``states`` new in this batch
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
     positions: dict[int, int] = field(default_factory=dict)

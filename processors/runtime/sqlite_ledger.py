@@ -75,7 +75,7 @@ _READ_CHUNK = 500  # keys per statement: well under SQLite's limit of bound para
 _CALLS_DDL = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, partition INTEGER NOT NULL, event TEXT NOT NULL);
+    seq INTEGER PRIMARY KEY, partition INTEGER NOT NULL, event TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tool_calls (
     call_id TEXT PRIMARY KEY, call_key TEXT NOT NULL, tenant_id TEXT NOT NULL,
     tool_name TEXT NOT NULL, tool_version TEXT NOT NULL, idempotency_key TEXT NOT NULL,
@@ -99,7 +99,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 CREATE TABLE IF NOT EXISTS positions (consumer TEXT PRIMARY KEY, position INTEGER NOT NULL);
 """
 
-_INSERT_EVENT = "INSERT INTO events (partition, event) VALUES (?, ?)"
+_INSERT_EVENT = "INSERT INTO events VALUES (?, ?, ?)"
 _UPSERT_CALL = (
     f"INSERT INTO tool_calls ({', '.join(CALL_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in CALL_FIELDS)}) ON CONFLICT (call_id) DO UPDATE SET "
@@ -108,6 +108,28 @@ _UPSERT_CALL = (
         for c in CALL_FIELDS
         if c not in ("call_id", "call_key", "tenant_id", "tool_name", "idempotency_key")
     )
+)
+
+
+# the columns a call's next state may change (its first intent and creation stay, as its
+# identity), and then its call id: the parameters of _UPDATE_CALL, as indexes of CALL_FIELDS
+_KEPT = (
+    "call_id",
+    "call_key",
+    "tenant_id",
+    "tool_name",
+    "idempotency_key",
+    "first_intent_id",
+    "created_at",
+)
+_UPDATE_CALL = (
+    "UPDATE tool_calls SET "
+    + ", ".join(f"{c} = ?" for c in CALL_FIELDS if c not in _KEPT)
+    + " WHERE call_id = ?"
+)
+_UPDATED = (
+    *(i for i, c in enumerate(CALL_FIELDS) if c not in _KEPT),
+    CALL_FIELDS.index("call_id"),
 )
 
 
@@ -329,7 +351,10 @@ class SqliteLedger:
             try:
                 with transaction(self._writes) as conn:
                     if encoded:
-                        conn.executemany(_INSERT_EVENT, encoded)
+                        conn.executemany(
+                            _INSERT_EVENT,
+                            [(before + 1 + n, p, text) for n, (p, text) in enumerate(encoded)],
+                        )
                     self._put_states(conn, batch)
                     state_table.put_batch(conn, batch)
                     if batch.approval_intents:
@@ -371,9 +396,17 @@ class SqliteLedger:
                 [(expired_at.get(k), call_id_of(k)) for k in batch.expired],
             )
         if batch.states:
-            conn.executemany(
-                _UPSERT_CALL, [call_values(key, state) for key, state in batch.states.items()]
-            )
+            created, changed = [], []
+            for key, state in batch.states.items():
+                values = call_values(key, state)
+                if key in batch.created:  # a new call (its key may have a row: expired)
+                    created.append(values)
+                else:  # a call's next state: what can change, its indexed identity kept
+                    changed.append(tuple(values[i] for i in _UPDATED))
+            if created:
+                conn.executemany(_UPSERT_CALL, created)
+            if changed:
+                conn.executemany(_UPDATE_CALL, changed)
 
     def tail(self, limit: int = 4096) -> int:
         """Derive the read model of events written since its position (at most ``limit``),
@@ -525,12 +558,12 @@ class SqliteLedger:
         ).fetchone()
         return 0 if row is None else int(row[0])
 
-    @staticmethod
-    def _last_seq(conn: sqlite3.Connection) -> int:
-        """The last ``seq`` given (AUTOINCREMENT: never given again, even once deleted by a
-        retention, so the read model's position only moves forward)."""
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-        return 0 if row is None else int(row[0])
+    def _last_seq(self, conn: sqlite3.Connection) -> int:
+        """The last ``seq`` given: the log's last, or the read model's position if the
+        retention deleted every event up to it (a ``seq`` is never given twice, so the
+        position only moves forward)."""
+        row = conn.execute("SELECT MAX(seq) FROM events").fetchone()
+        return max(self._derived, 0 if row[0] is None else int(row[0]))
 
 
 def create(conn: sqlite3.Connection, read_model: ReadModel) -> None:

@@ -136,7 +136,10 @@ def test_call_rows_folded_in_batches_read_back_as_the_fold_of_the_log(
                 folded = CommitBatch()
                 for event in chunk:
                     if event.call_key in states:
-                        after = evolve(states.get(event.call_key), event)
+                        before = states.get(event.call_key)
+                        after = evolve(before, event)
+                        if before is None and after is not None:
+                            folded.created.add(event.call_key)
                         states[event.call_key] = after
                         if isinstance(event, ToolCallKeyExpired):
                             folded.expired.add(event.call_key)
