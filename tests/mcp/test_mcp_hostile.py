@@ -182,7 +182,7 @@ NOT_JSON = {
     "truncated": b'{"jsonrpc": "2.0", "id": 1, "method": "tools/li',
     "invalid UTF-8": b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "x": "\xff\xfe"}',
 }
-STDIO_NOT_JSON = ("garbage", "truncated")
+STDIO_NOT_JSON = ("garbage", "empty", "truncated")
 NOT_A_MESSAGE = {
     "null": b"null",
     "a number": b"7",
@@ -587,7 +587,7 @@ async def test_stdio_answers_every_malformed_line_and_goes_on(tmp_path: Path) ->
             + b"}}"
         )
         for raw, code in [
-            # stdio skips an empty line and reads UTF-8 with replacement characters
+            # stdio reads UTF-8 with replacement characters: invalid bytes are no parse error
             *((raw, types.PARSE_ERROR) for n, raw in NOT_JSON.items() if n in STDIO_NOT_JSON),
             *((raw, types.INVALID_REQUEST) for raw in NOT_A_MESSAGE.values()),
             (deep, types.PARSE_ERROR),
