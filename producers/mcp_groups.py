@@ -17,6 +17,7 @@ completed and what was undone.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,15 +25,18 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from producers.client import TrustedContext
-from schemas.errors import ErrorInfo
+from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupService, GroupView
+from schemas.keys import InvalidIdempotencyKey, check_idempotency_key
 
 RUN_GROUP = "toolledger_run_group"
 GET_GROUP = "toolledger_get_group"
 RESUME_GROUP = "toolledger_resume_group"
 GROUP_TOOLS = (RUN_GROUP, GET_GROUP, RESUME_GROUP)
 _FAILED = {"FAILED", "COMPENSATED", "NEEDS_ATTENTION"}
-_GROUP_ID = {"type": "string", "pattern": "^grp_[0-9a-f]{32}$", "description": "The group's id."}
+_GROUP_ID_PATTERN = "^grp_[0-9a-f]{32}$"
+_GROUP_ID_FORMAT = re.compile(_GROUP_ID_PATTERN)
+_GROUP_ID = {"type": "string", "pattern": _GROUP_ID_PATTERN, "description": "The group's id."}
 
 _RUN_DESCRIPTION = (
     "Run several dependent tool calls as one group. Each step is an ordinary call of one of "
@@ -172,13 +176,12 @@ class McpGroups:
         context: TrustedContext,
         params_key: str | None,
     ) -> types.CallToolResult:
+        """The SDK does not check arguments against the input schemas: what a handler reads
+        is checked here first, a refusal being a tool result (never a retryable INTERNAL)."""
         if name == RUN_GROUP:
-            key = arguments["idempotency_key"]
-            if params_key is not None and params_key != key:
-                raise MCPError(
-                    types.INVALID_PARAMS,
-                    "The idempotencyKey parameter and the idempotency_key argument differ.",
-                )
+            key = _group_key(arguments.get("idempotency_key"), params_key)
+            if isinstance(key, GroupAnswer):
+                return _result(key)
             body = {k: v for k, v in arguments.items() if k != "idempotency_key"}
             answer = await self._groups.submit(
                 tenant_id=context.tenant_id,
@@ -189,15 +192,58 @@ class McpGroups:
                 wait_s=self._wait_s,
             )
             return _result(answer)
+        group_id = arguments.get("group_id")
+        if not isinstance(group_id, str) or _GROUP_ID_FORMAT.fullmatch(group_id) is None:
+            return _result(_invalid("group_id", "a group id (grp_ and 32 hex digits)", group_id))
         if name == GET_GROUP:
-            view = await self._groups.view(context.tenant_id, arguments["group_id"])
+            view = await self._groups.view(context.tenant_id, group_id)
             return _result(GroupAnswer(view) if view is not None else _not_found())
-        tokens = dict(arguments.get("approval_tokens") or {})
+        tokens = arguments.get("approval_tokens") or {}
+        if not isinstance(tokens, Mapping) or not all(isinstance(t, str) for t in tokens.values()):
+            return _result(
+                _invalid("approval_tokens", "an object of approval tokens by step id", tokens)
+            )
         return _result(
-            await self._groups.resume(
-                context.tenant_id, arguments["group_id"], tokens, self._wait_s
+            await self._groups.resume(context.tenant_id, group_id, dict(tokens), self._wait_s)
+        )
+
+
+def _group_key(argument: Any, params_key: str | None) -> str | GroupAnswer:
+    """The group's key: the ``idempotencyKey`` parameter (already checked by the caller) or
+    the ``idempotency_key`` argument, which must agree when both are given; a refusal when
+    there is none or it is not a key."""
+    if params_key is not None:
+        if argument is not None and argument != params_key:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                "The idempotencyKey parameter and the idempotency_key argument differ.",
+            )
+        return params_key
+    if argument is None:
+        return GroupAnswer(
+            error=ErrorInfo.of(
+                ErrorCode.IDEMPOTENCY_KEY_MISSING,
+                f"{RUN_GROUP} runs calls: pass the argument idempotency_key (the group's key).",
             )
         )
+    if not isinstance(argument, str):
+        return GroupAnswer(
+            error=ErrorInfo.of(
+                ErrorCode.IDEMPOTENCY_KEY_INVALID, "idempotency_key must be a string."
+            )
+        )
+    try:
+        return check_idempotency_key(argument)
+    except InvalidIdempotencyKey as exc:
+        return GroupAnswer(error=ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc)))
+
+
+def _invalid(field: str, expected: str, got: Any) -> GroupAnswer:
+    message = f"{field} must be {expected}; got {type(got).__name__}."
+    return GroupAnswer(
+        error=ErrorInfo.of(ErrorCode.VALIDATION_FAILED, f"1 argument is invalid: {message}"),
+        field_errors=(FieldError(loc=field, msg=message, type="value_error"),),
+    )
 
 
 def _not_found() -> GroupAnswer:

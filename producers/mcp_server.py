@@ -118,12 +118,14 @@ argument named ``tenant_id`` is just an unknown argument: ``VALIDATION_FAILED``)
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
+import anyio
 import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -132,8 +134,11 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
@@ -951,7 +956,9 @@ class LedgerMcpServer:
         """Serve one client over this process's stdin and stdout until it disconnects."""
         async with stdio_server() as (read_stream, write_stream):
             await self.server.run(
-                read_stream, write_stream, self.server.create_initialization_options()
+                AnsweringMalformed(read_stream, write_stream),
+                write_stream,
+                self.server.create_initialization_options(),
             )
 
     def http_app(
@@ -995,3 +1002,67 @@ class LedgerMcpServer:
             routes=[Route(path, endpoint=endpoint), Route("/healthz", healthz, methods=["GET"])],
             lifespan=lifespan,
         )
+
+
+class AnsweringMalformed:
+    """The stdio transport's inbound stream without its lines that are not JSON-RPC messages,
+    each answered as JSON-RPC 2.0 asks, with ``id`` null: ``-32700`` (Parse error) for what is
+    not JSON (or nests deeper than the parser's limit), ``-32600`` (Invalid Request) for JSON
+    that is not a request, notification or response. The SDK's stdio transport hands such a
+    line on as an exception, which its dispatcher only logs at debug level: the client would
+    wait for an answer that never comes. (Over streamable HTTP the SDK answers them itself,
+    with HTTP 400.)"""
+
+    def __init__(
+        self,
+        inbound: ReadStream[SessionMessage | Exception],
+        outbound: WriteStream[SessionMessage],
+    ) -> None:
+        self._inbound = inbound
+        self._outbound = outbound
+
+    @property
+    def last_context(self) -> contextvars.Context | None:
+        """The sender's context of the last item (the SDK's dispatcher runs handlers in it)."""
+        context: contextvars.Context | None = getattr(self._inbound, "last_context", None)
+        return context
+
+    async def receive(self) -> SessionMessage | Exception:
+        while True:
+            item = await self._inbound.receive()
+            if not isinstance(item, Exception):
+                return item
+            await self._outbound.send(
+                SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=None, error=malformed(item)))
+            )
+
+    def __aiter__(self) -> AnsweringMalformed:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inbound.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def malformed(exc: Exception) -> types.ErrorData:
+    """The JSON-RPC error for a message the transport could not read (``exc``: its parse or
+    validation error); short, without the validator's dump of the input."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    if errors and all(e["type"] != "json_invalid" for e in errors):
+        return types.ErrorData(
+            code=types.INVALID_REQUEST,
+            message="Invalid Request: not a JSON-RPC 2.0 request, notification or response.",
+        )
+    reason = errors[0]["msg"] if errors else type(exc).__name__
+    return types.ErrorData(code=types.PARSE_ERROR, message=f"Parse error: {reason}")

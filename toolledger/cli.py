@@ -235,13 +235,27 @@ def topics(
     outcomes_retention: Annotated[
         str, typer.Option(help="How long outcome events (the audit trail) are kept, or 'forever'.")
     ] = "forever",
+    replication_factor: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Replicas of each partition of the topics it creates (at most the number of "
+            "brokers; with 3, set the brokers' min.insync.replicas to 2). Existing topics keep "
+            "theirs.",
+        ),
+    ] = 1,
 ) -> None:
     """Create the Kafka topics if missing and set each one's config: intents with time
     retention, outcomes as told, state compacted (expired keys' tombstones shrink it), groups
     with the intents' retention (a group's events carry its steps' literal arguments)."""
     _require("kafka", what="toolledger topics")
     from schemas.topics import Topics
-    from toolledger.kafka_admin import apply_topic_configs, ensure_topics, topic_configs
+    from toolledger.kafka_admin import (
+        TopicError,
+        apply_topic_configs,
+        ensure_topics,
+        topic_configs,
+    )
 
     try:
         intents_ms = _retention_ms(
@@ -256,13 +270,20 @@ def topics(
     layout = Topics(prefix, partitions)
 
     async def run() -> dict[str, dict[str, str]]:
-        await ensure_topics(kafka, layout, intents_retention_ms=intents_ms)
+        await ensure_topics(
+            kafka, layout, replication_factor=replication_factor, intents_retention_ms=intents_ms
+        )
         configs = topic_configs(
             layout, intents_retention_ms=intents_ms, outcomes_retention_ms=outcomes_ms
         )
         return await apply_topic_configs(kafka, configs)
 
-    for name, config in asyncio.run(run()).items():
+    try:
+        applied = asyncio.run(run())
+    except TopicError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    for name, config in applied.items():
         console.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
 
 

@@ -51,6 +51,11 @@ def topic_configs(
     }
 
 
+class TopicError(RuntimeError):
+    """The topics cannot be created as asked (the broker's refusal, or partitions that do not
+    match the layout)."""
+
+
 CONFIG_SETTLE_S = 10.0  # how long a changed config may take to show in the broker's answers
 
 
@@ -116,15 +121,16 @@ async def ensure_topics(
         missing = [t for t in wanted if t.name not in existing]
         if missing:
             response = await admin.create_topics(missing)
-            for name, code, *_ in response.topic_errors:
+            for name, code, *message in response.topic_errors:
                 if code not in (0, TopicAlreadyExistsError.errno):
-                    raise RuntimeError(f"creating topic {name} failed with Kafka error {code}")
+                    why = f": {message[0]}" if message and message[0] else ""
+                    raise TopicError(f"creating topic {name} failed with Kafka error {code}{why}")
         for _ in range(100):  # wait until every partition has a leader
             described = await admin.describe_topics([t.name for t in wanted])
             counts = {t["topic"]: len(t["partitions"]) for t in described}
             wrong = {n: c for n, c in counts.items() if c not in (0, topics.partitions)}
             if wrong:
-                raise RuntimeError(
+                raise TopicError(
                     f"topics {wrong} do not have {topics.partitions} partitions: intents, "
                     "outcomes, state, dead letters and groups must be co-partitioned"
                 )
@@ -133,6 +139,6 @@ async def ensure_topics(
             ):
                 return
             await asyncio.sleep(0.1)
-        raise RuntimeError("topics were created but their partitions have no leader")
+        raise TopicError("topics were created but their partitions have no leader")
     finally:
         await admin.close()

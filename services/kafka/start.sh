@@ -23,54 +23,30 @@ ROOT=$(cd "$HERE/../.." && pwd)
 
 log() { printf '[kafka] %s\n' "$*"; }
 die() { printf '[kafka] ERROR: %s\n' "$*" >&2; exit 1; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-is_our_broker() {  # pid -> true when it is a live broker started by this script
-  [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null \
-    && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- '-Dtoolledger.service=kafka'
-}
+# shellcheck source=services/kafka/common.sh
+. "$HERE/common.sh"
 
-MAJOR=${TOOLLEDGER_KAFKA_MAJOR:-${KAFKA_MAJOR:-}}
+REQUESTED=${TOOLLEDGER_KAFKA_MAJOR:-${KAFKA_MAJOR:-}}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --version) [ $# -ge 2 ] || die "--version needs 3 or 4"; MAJOR=$2; shift 2 ;;
-    --version=*) MAJOR=${1#*=}; shift ;;
+    --version) [ $# -ge 2 ] || die "--version needs 3 or 4"; REQUESTED=$2; shift 2 ;;
+    --version=*) REQUESTED=${1#*=}; shift ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (usage: start.sh [--version 3|4])" ;;
   esac
 done
-
-VERSION=${TOOLLEDGER_KAFKA_VERSION:-}
-if [ -n "$VERSION" ]; then
-  [ -z "$MAJOR" ] && MAJOR=${VERSION%%.*}
-  [ "${VERSION%%.*}" = "$MAJOR" ] || die "TOOLLEDGER_KAFKA_VERSION=$VERSION does not match --version $MAJOR"
-fi
-MAJOR=${MAJOR:-3}
-case "$MAJOR" in 3|4) ;; *) die "--version must be 3 or 4, got '$MAJOR'" ;; esac
-if [ -z "$VERSION" ]; then
-  VERSION=$(sed -n "s:.*<kafka${MAJOR}.version>\([^<]*\)</kafka${MAJOR}.version>.*:\1:p" "$HERE/pom.xml" | head -n 1)
-  [ -n "$VERSION" ] || die "cannot read <kafka${MAJOR}.version> from $HERE/pom.xml"
-fi
-[[ "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "bad Kafka version '$VERSION'"
+kafka_version "$REQUESTED"
 
 PORT=${TOOLLEDGER_KAFKA_PORT:-19092}
 [[ "$PORT" =~ ^[0-9]+$ ]] || die "TOOLLEDGER_KAFKA_PORT must be a number, got '$PORT'"
 CPORT=${TOOLLEDGER_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 [[ "$CPORT" =~ ^[0-9]+$ ]] || die "TOOLLEDGER_KAFKA_CONTROLLER_PORT must be a number, got '$CPORT'"
 [ "$PORT" != "$CPORT" ] || die "client and controller port are both $PORT"
-HEAP=${TOOLLEDGER_KAFKA_HEAP:-512m}
 TIMEOUT=${TOOLLEDGER_KAFKA_START_TIMEOUT:-120}
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "TOOLLEDGER_KAFKA_START_TIMEOUT must be a number of seconds"
 T0=$SECONDS
 
-# --- Java ------------------------------------------------------------------------------------------
-JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
-command -v "$JAVA" >/dev/null 2>&1 || die "java not found (install a JDK 17+ or set JAVA_HOME)"
-JAVA_MAJOR=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9][0-9.]*\).*/\1/p' | head -n 1)
-JAVA_MAJOR=${JAVA_MAJOR#1.}; JAVA_MAJOR=${JAVA_MAJOR%%.*}
-if [ -n "$JAVA_MAJOR" ]; then
-  if [ "$MAJOR" = 4 ] && [ "$JAVA_MAJOR" -lt 17 ]; then die "Kafka 4.x needs Java 17+, found Java $JAVA_MAJOR"; fi
-  if [ "$JAVA_MAJOR" -lt 11 ]; then die "Kafka 3.9 needs Java 11+, found Java $JAVA_MAJOR"; fi
-fi
+kafka_java
 
 # --- already running? ------------------------------------------------------------------------------
 WORK="$ROOT/.services/kafka/$PORT"
@@ -89,82 +65,21 @@ for p in "$PORT" "$CPORT"; do
   port_open "$p" && die "127.0.0.1:$p is already in use by another process (set TOOLLEDGER_KAFKA_PORT / TOOLLEDGER_KAFKA_CONTROLLER_PORT)"
 done
 
-# --- jars: Maven Central -> .cache/kafka-<version>/libs (once) ---------------------------------------
-CACHE="$ROOT/.cache/kafka-$VERSION"
-LIBS="$CACHE/libs"
-mkdir -p "$ROOT/.cache"
-exec 9>"$ROOT/.cache/kafka-$VERSION.lock"
-flock -w 900 9 || die "timed out waiting for another start.sh to finish collecting Kafka $VERSION jars"
-# the cache is keyed by version and by pom.xml's content: editing the pom re-collects the jars
-POM_SUM=$(sha256sum "$HERE/pom.xml" | cut -c1-16)
-if [ "$(cat "$CACHE/complete" 2>/dev/null)" = "pom-$POM_SUM" ] && [ -f "$LIBS/kafka_2.13-$VERSION.jar" ]; then
-  log "using cached Kafka $VERSION jars ($(find "$LIBS" -name '*.jar' | wc -l) jars in ${LIBS#"$ROOT"/})"
-else
-  command -v mvn >/dev/null 2>&1 || die "mvn not found: Maven 3.8+ is needed once to collect the Kafka jars"
-  log "collecting Kafka $VERSION jars from Maven Central into ${LIBS#"$ROOT"/} (first run only) ..."
-  rm -rf "$CACHE"
-  mkdir -p "$CACHE"
-  MVN_ARGS=(-B -ntp -q -Dstyle.color=never -f "$HERE/pom.xml" package
-            "-Dkafka.version=$VERSION"
-            "-Dkafka.libs.dir=$CACHE/libs.partial"
-            "-Dkafka.build.dir=$ROOT/.cache/kafka-maven-target")
-  [ "$MAJOR" = 4 ] && MVN_ARGS+=(-Pkafka4)
-  T_MVN=$SECONDS
-  MVN_LOG="$ROOT/.cache/kafka-$VERSION-maven.log"
-  if ! mvn "${MVN_ARGS[@]}" >"$MVN_LOG" 2>&1; then
-    tail -n 40 "$MVN_LOG" >&2
-    rm -rf "$CACHE"
-    die "Maven could not collect the Kafka $VERSION jars (full output: ${MVN_LOG#"$ROOT"/})"
-  fi
-  [ -f "$CACHE/libs.partial/kafka_2.13-$VERSION.jar" ] || { rm -rf "$CACHE"; die "Maven finished but kafka_2.13-$VERSION.jar is missing"; }
-  mv "$CACHE/libs.partial" "$LIBS"
-  printf 'pom-%s\n' "$POM_SUM" >"$CACHE/complete"
-  log "collected $(find "$LIBS" -name '*.jar' | wc -l) jars in $((SECONDS - T_MVN)) s"
-fi
-flock -u 9
-exec 9>&-
-
-# exactly one SLF4J binding, or the broker logs nothing / complains
-BINDINGS=$(find "$LIBS" -maxdepth 1 \( -name 'slf4j-reload4j-*.jar' -o -name 'log4j-slf4j-impl-*.jar' \
-             -o -name 'log4j-slf4j2-impl-*.jar' -o -name 'logback-classic-*.jar' -o -name 'slf4j-log4j12-*.jar' \) | wc -l)
-[ "$BINDINGS" -ge 1 ] || die "no SLF4J binding in $LIBS: the broker would log nothing (delete ${CACHE#"$ROOT"/} and check pom.xml)"
-[ "$BINDINGS" -eq 1 ] || log "WARNING: expected exactly one SLF4J binding in $LIBS, found $BINDINGS"
-if compgen -G "$LIBS/log4j-core-*.jar" >/dev/null; then     # Kafka 4.x: log4j2
-  LOGOPT="-Dlog4j2.configurationFile=$HERE/log4j2.properties"
-else                                                        # Kafka 3.x: reload4j
-  LOGOPT="-Dlog4j.configuration=file:$HERE/log4j.properties"
-fi
+kafka_libs
 
 # --- fresh work dir + config -----------------------------------------------------------------------
 rm -rf "$WORK"
 mkdir -p "$WORK/data" "$WORK/logs"
-while IFS= read -r line || [ -n "$line" ]; do
-  line=${line//@PORT@/$PORT}; line=${line//@CPORT@/$CPORT}; line=${line//@DATA_DIR@/$WORK/data}
-  printf '%s\n' "$line"
-done <"$HERE/server.properties.in" >"$WORK/server.properties"
+kafka_render "$HERE/server.properties.in" "$WORK/server.properties" \
+  "PORT=$PORT" "CPORT=$CPORT" "DATA_DIR=$WORK/data"
 
-COMMON=(-Djava.awt.headless=true "-Dkafka.logs.dir=$WORK/logs" "$LOGOPT" -cp "$LIBS/*")
-
-# cluster id as 'kafka-storage.sh random-uuid' makes it: 16 random bytes, base64url, no padding,
-# not starting with '-' (the CLI would take it for an option)
-CID=-
-while [ "${CID#-}" != "$CID" ]; do
-  CID=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
-done
+CID=$(kafka_cluster_id)
 log "formatting KRaft storage (cluster id $CID) in ${WORK#"$ROOT"/}"
-if ! "$JAVA" -Xmx256m "${COMMON[@]}" kafka.tools.StorageTool format -t "$CID" \
-      -c "$WORK/server.properties" >"$WORK/logs/format.out" 2>&1; then
-  cat "$WORK/logs/format.out" >&2
-  die "kafka-storage format failed"
-fi
+kafka_format "$WORK" "$CID"
 
 # --- start (own session, survives this shell) ------------------------------------------------------
 log "starting Kafka $VERSION on 127.0.0.1:$PORT (controller 127.0.0.1:$CPORT, heap $HEAP)"
-# shellcheck disable=SC2016  # $$ and $@ are for the inner bash
-setsid bash -c 'echo $$ >"$0"; exec "$@"' "$WORK/kafka.pid" \
-  "$JAVA" -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
-  "-Dtoolledger.service=kafka-$PORT" "${COMMON[@]}" kafka.Kafka "$WORK/server.properties" \
-  </dev/null >"$WORK/logs/kafka.out" 2>&1 &
+kafka_launch "$WORK" "kafka-$PORT"
 printf '%s\n' "$VERSION" >"$WORK/version"
 
 PID=""

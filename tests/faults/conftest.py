@@ -7,6 +7,7 @@ import pytest
 
 from producers.client import LedgerClient
 from producers.kafka import KafkaTransport
+from tests.faults.kafka_cluster import KafkaCluster
 from tests.faults.procs import Cluster
 from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
@@ -30,3 +31,14 @@ async def client(cluster: Cluster) -> AsyncIterator[LedgerClient]:
         yield LedgerClient(transport, default_wait_s=30)
     finally:
         await transport.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """The three-node cluster of services/kafka-cluster, started for the session's replicated
+    fault tests and stopped after them (with-services.sh also stops it if pytest dies)."""
+    cluster = KafkaCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -241,13 +241,16 @@ def start_embedded(workdir: Path) -> Server:
     return server
 
 
-def start_distributed(workdir: Path, services: Services, *, front: str = "serve") -> Server:
-    """Executor + projector + front door on fresh topics and a fresh database; ``front``
-    ``"mcp"``: ``toolledger mcp --transport http`` instead of ``serve``."""
+def start_distributed(
+    workdir: Path, services: Services, *, front: str = "serve", prefix: str | None = None
+) -> Server:
+    """Executor + projector + front door on fresh topics (or on the topics of ``prefix``,
+    made beforehand) and a fresh database; ``front`` ``"mcp"``: ``toolledger mcp --transport
+    http`` instead of ``serve``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     dsn = asyncio.run(services.fresh_database())
-    prefix = f"h{uuid.uuid4().hex[:10]}."
+    prefix = prefix or f"h{uuid.uuid4().hex[:10]}."
     common = ["--kafka", services.kafka, "--prefix", prefix, "--partitions", str(PARTITIONS)]
     port = free_port()
     server = Server("kafka", f"http://127.0.0.1:{port}", workdir / "helpdesk.db", 3.0)

@@ -42,3 +42,16 @@ def test_topics_refuses_intents_kept_forever_or_a_bad_duration(services: Service
     assert forever.exit_code == 2 and "raw arguments" in forever.output
     bad = CliRunner().invoke(app, [*common, "--outcomes-retention", "a while"])
     assert bad.exit_code == 2 and "a while" in bad.output
+
+
+def test_topics_refuses_more_replicas_than_brokers_in_one_line(services: Services) -> None:
+    """The single test broker cannot hold three replicas: the broker's reason in one line, no
+    traceback (tests/faults/test_cluster_faults.py makes three replicas on three nodes)."""
+    prefix = f"cfg{uuid.uuid4().hex[:8]}."
+    common = ["topics", "--kafka", services.kafka, "--prefix", prefix]
+    refused = CliRunner().invoke(app, [*common, "--replication-factor", "3"])
+    assert refused.exit_code == 1, refused.output
+    assert f"creating topic {prefix}intents failed with Kafka error 38" in refused.output
+    assert "replication factor of 3" in refused.output and "Traceback" not in refused.output
+    zero = CliRunner().invoke(app, [*common, "--replication-factor", "0"])
+    assert zero.exit_code == 2 and "--replication-factor" in zero.output

@@ -231,11 +231,18 @@ async def test_a_session_is_bound_to_the_jwt_identity(jwt_server: Deployment, ke
             "Mcp-Session-Id": opened.headers["mcp-session-id"],
             "MCP-Protocol-Version": HANDSHAKE_PROTOCOL_VERSIONS[-1],
         }
-        other = sign(keys, "globex", "agent-jwt")  # the same subject in another tenant
-        hijack = await http.post(
-            jwt_server.url, json=listing, headers={**session, "Authorization": f"Bearer {other}"}
-        )
-        assert hijack.status_code == 404
+        for other in (
+            sign(keys, "globex", "agent-jwt"),  # the same subject in another tenant
+            sign(keys, "acme", "agent-other"),  # another subject of the same tenant
+        ):
+            foreign = {**session, "Authorization": f"Bearer {other}"}
+            hijack = await http.post(jwt_server.url, json=listing, headers=foreign)
+            stream = await http.get(jwt_server.url, headers=foreign)
+            closed = await http.delete(jwt_server.url, headers=foreign)
+            assert (hijack.status_code, stream.status_code, closed.status_code) == (404, 404, 404)
+        owner = {**session, "Authorization": f"Bearer {sign(keys, 'acme', 'agent-jwt')}"}
+        still = await http.post(jwt_server.url, json=listing, headers=owner)
+        assert still.status_code == 200, still.text  # a foreign DELETE did not end it
 
 
 def test_unusable_jwt_settings_refuse_to_start(tmp_path: Path, keys: Keys) -> None:
