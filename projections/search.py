@@ -4,6 +4,7 @@ queries (:meth:`CallReads._fetch`, :meth:`CallReads._read`)."""
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -139,6 +140,9 @@ class CallReads(ABC):
 
     async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
         return events_of(await self._fetch(events_sql(self.dialect, tenant_id, call_id)))
+
+    async def moved(self, timeout_s: float) -> None:
+        await asyncio.sleep(timeout_s)
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(applied_sql(self.dialect, event_id)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,16 +177,30 @@ class SqliteCalls(search.CallReads, governance.GovernanceReads):
 
     dialect = SQLITE
 
-    def __init__(self, conn: sqlite3.Connection, *, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        path: Path | None = None,
+        moved: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
         """``conn``: the ledger's connection, for the indexed lookups by id and key. With the
         ledger file's ``path``, the governance views (approvals, stats, switches, budgets),
         which scan the audit trail, are read in a thread on a read-only connection of their
         own, so a large ledger never stalls the event loop (WAL: readers do not block the
-        writer)."""
+        writer). ``moved``: returns when the ledger derives its read model further (else
+        :meth:`moved` waits its timeout out)."""
+        self._moved = moved
         self._conn = conn
         self._path = path
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
+
+    async def moved(self, timeout_s: float) -> None:
+        if self._moved is None:
+            await super().moved(timeout_s)
+        else:
+            await self._moved(timeout_s)
 
     async def _fetch(self, query: Query) -> list[dict[str, Any]]:
         """On the ledger's connection: an indexed lookup never stalls the event loop long."""

@@ -458,6 +458,10 @@ class CallQueries(Protocol):
     async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
         """Which of these events the projection has applied yet (one lookup for many)."""
 
+    async def moved(self, timeout_s: float) -> None:
+        """Returns when the projection may have applied more events, at the latest after
+        ``timeout_s`` (a projection that cannot tell: after ``timeout_s``)."""
+
     async def approval(
         self, tenant_id: str | None, approval_id: str, *, now: datetime
     ) -> ApprovalView | None:

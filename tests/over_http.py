@@ -135,7 +135,7 @@ class OverHttp:
 def over_http(ledger: EmbeddedLedger, registry: Callable[[], ToolRegistry]) -> OverHttp:
     """A client whose calls go through the HTTP API in front of ``ledger``."""
     assert ledger.file is not None
-    calls = SqliteCalls(ledger.file.conn, path=ledger.path)
+    calls = ledger.queries()
     door = Security(TokenStore([])).build(registry())(ledger.client, calls, _ready)
     tokens = ContextTokens()
     door.authenticator = tokens

@@ -25,7 +25,7 @@ from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
-from projections.sqlite import SqliteReadModel
+from projections.sqlite import SqliteCalls, SqliteReadModel
 from schemas.events import Event
 from toolledger.groups import embedded_groups
 
@@ -121,6 +121,11 @@ class EmbeddedLedger:
         self.groups = embedded_groups(self.file, self.client, lambda: self.registry)
         await self.groups.start()
         return self
+
+    def queries(self) -> SqliteCalls:
+        """The read side over this ledger's file (close it when done)."""
+        assert self.file is not None and self.runtime is not None, "start() the ledger first"
+        return SqliteCalls(self.file.conn, path=self.path, moved=self.runtime.derived)
 
     def writable(self) -> bool:
         """Whether the ledger can commit now: the last write succeeded, and a probe write

@@ -167,7 +167,6 @@ async def embedded_door(
     audit trail keeps an expired key's record (None: forever)."""
     from processors.runtime.intent_lookup import SqliteIntentLookup
     from projections.audit_retention import prune_sqlite
-    from projections.sqlite import SqliteCalls
     from toolledger.embedded import EmbeddedLedger
 
     door = security.build(registry)
@@ -187,7 +186,7 @@ async def embedded_door(
         async def ready() -> dict[str, bool]:
             return {"executor": runtime.running, "ledger_writable": ledger.writable()}
 
-        calls = SqliteCalls(file.conn, path=ledger_file)
+        calls = ledger.queries()
         intents = SqliteIntentLookup(ledger_file)
 
         async def prune(cutoff: datetime) -> int:  # in turn with the writer (locked_write)

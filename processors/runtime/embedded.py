@@ -4,9 +4,10 @@ Single-node by design: no rebalancing, no replication. Callers hand their intent
 the executor (:meth:`EmbeddedRuntime.send`); nothing is appended and read back. The executor
 decides a batch at a time and the writer thread writes each batch in one SQLite transaction:
 BEGIN, one ``executemany`` per statement, COMMIT (the fsync), then one callback to the loop.
-Right after each batch the same thread derives the read model of its events in a second,
-unsynced transaction (:meth:`SqliteLedger.tail`): the read model never lengthens the hot
-transaction, and a caller's answer comes after its call is readable.
+Right after each batch (its callers answered) the same thread derives the read model of its
+events in a second, unsynced transaction (:meth:`SqliteLedger.tail`) while the loop decides the
+next batch: the read model never lengthens the hot transaction nor delays an answer; a reader
+that needs it waits for :meth:`EmbeddedRuntime.derived`.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class _Writer:
     batch's future is completed on the loop only after its COMMIT returned: an action its
     batch decided starts after its Started event is durable."""
 
-    def __init__(self, ledger: SqliteLedger) -> None:
+    def __init__(self, ledger: SqliteLedger, on_derived: Callable[[], None]) -> None:
         self._ledger = ledger
+        self._on_derived = on_derived
         self._ready = threading.Condition()
         self._jobs: list[_Job] = []
         self._barriers: list[asyncio.Future[None]] = []
@@ -105,10 +107,11 @@ class _Writer:
                     self._ledger.write(batch, encoded)
                 except Exception as exc:
                     error = exc
-                if error is None:
-                    self._derive()
                 if not _answer(loop, self._written, future, error):
                     return
+                if error is None and self._derive():
+                    with contextlib.suppress(RuntimeError):  # the loop is closed
+                        loop.call_soon_threadsafe(self._on_derived)
             for barrier in barriers:
                 if not _answer(loop, _resolve, barrier, None):
                     return
@@ -117,15 +120,17 @@ class _Writer:
                     if not self._jobs:
                         return
 
-    def _derive(self) -> None:
+    def _derive(self) -> bool:
         """The read model of the batch just written, in a transaction of its own (not
-        fsynced), before its callers are answered: a read after an answer sees its call."""
+        fsynced), while the loop decides the next batch; whether it moved."""
         ledger = self._ledger
+        moved = False
         try:
             while ledger.derived < ledger.last_seq and ledger.tail():
-                pass
+                moved = True
         except sqlite3.Error as exc:  # e.g. a full disk: derived after the next write
             log.warning("deriving the read model failed", extra={"error": str(exc)})
+        return moved
 
     def _written(self, future: asyncio.Future[None], error: Exception | None) -> None:
         self.busy -= 1
@@ -183,7 +188,8 @@ class EmbeddedRuntime:
         self._cache_entries = cache_entries
         self._intents_retention_s = intents_retention_s
         self._prune_interval_s = prune_interval_s
-        self._writer = _Writer(ledger)
+        self._writer = _Writer(ledger, self._derived)
+        self._derived_signal = asyncio.Event()
         self.executor: Executor | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._pruner: asyncio.Task[None] | None = None
@@ -297,6 +303,15 @@ class EmbeddedRuntime:
         """Wait until everything handed over is decided and written (the read model derived)."""
         await self._executor().drain()
         await self._writer.barrier()
+
+    def _derived(self) -> None:
+        self._derived_signal.set()
+        self._derived_signal = asyncio.Event()
+
+    async def derived(self, timeout_s: float) -> None:
+        """Returns when the read model next moves on, or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._derived_signal.wait(), timeout_s)
 
     # -- health ---------------------------------------------------------------------------
 

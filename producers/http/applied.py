@@ -73,4 +73,4 @@ class AppliedWatch:
                     if not future.done():
                         future.set_result(True)
             if self._waiting:
-                await asyncio.sleep(self._interval_s)
+                await self._queries.moved(self._interval_s)

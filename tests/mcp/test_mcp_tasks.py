@@ -96,7 +96,7 @@ class Setup:
 async def ledger(root: Path) -> AsyncIterator[Setup]:
     async with embedded(root) as (led, store):
         assert led.file is not None
-        yield Setup(led, store, SqliteCalls(led.file.conn, path=root / "ledger.db"))
+        yield Setup(led, store, led.queries())
 
 
 async def start(client: Client, arguments: dict[str, Any]) -> TaskHandle | types.CallToolResult:
