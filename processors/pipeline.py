@@ -359,10 +359,14 @@ class Stages:
 
     async def execute(self, admitted: Admitted, attempt: int) -> tuple[AttemptOutcome, float]:
         started = self.clock.monotonic()
-        with stage("execute", admitted.context, attempt=attempt) as span:
+        with tracing.execute_tool(admitted.context, attempt) as span:
             outcome = await self._run_handler(admitted, attempt)
-            tracing.record(span, tracing.attempt_outcome(outcome))
-        return outcome, (self.clock.monotonic() - started) * 1000.0
+            done = tracing.attempt_outcome(outcome)
+            tracing.record(span, done)
+        seconds = self.clock.monotonic() - started
+        error = done.error_code or ("OUTCOME_UNKNOWN" if done.status == "UNKNOWN" else None)
+        tracing.record_execution(admitted.context, seconds, error)
+        return outcome, seconds * 1000.0
 
     async def _run_handler(self, admitted: Admitted, attempt: int) -> AttemptOutcome:
         tool = admitted.tool

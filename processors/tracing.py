@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
@@ -72,13 +72,16 @@ __all__ = [
     "configure_tracing",
     "envelope_attributes",
     "event_outcome",
+    "execute_tool",
     "open_run",
     "reconcile_outcome",
     "record",
+    "record_execution",
     "record_outcome",
     "set_call_attributes",
     "stage",
     "tracing_enabled",
+    "use_meter_provider",
     "use_tracer_provider",
 ]
 
@@ -182,15 +185,62 @@ def stage(
     return _stage(name, ctx, attributes)
 
 
+def execute_tool(ctx: CallContext, attempt: int) -> AbstractContextManager[Span]:
+    """The span of one execution of a tool's handler, as OpenTelemetry's GenAI semantic
+    conventions name it: ``execute_tool <tool>``, ``gen_ai.operation.name`` ``execute_tool``,
+    ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` (the ledger's call id) and
+    ``gen_ai.tool.type``; the ledger's own attributes under ``toolledger.*``, and
+    ``error.type`` (the error code) when it did not succeed (see :func:`record`)."""
+    if not tracing_enabled():
+        return _UNTRACED
+    attributes: dict[str, str | int | bool | None] = {
+        GEN_AI_OPERATION: EXECUTE_TOOL,
+        "gen_ai.tool.name": ctx.tool,
+        "gen_ai.tool.call.id": call_id_for(ctx.call_key, ctx.idempotency_key, ctx.intent_id),
+        "gen_ai.tool.type": "function",
+        "attempt": attempt,
+    }
+    return _stage(f"{EXECUTE_TOOL} {ctx.tool}", ctx, attributes, prefix="")
+
+
+GEN_AI_OPERATION = "gen_ai.operation.name"
+EXECUTE_TOOL = "execute_tool"
+
+_meter_provider: metrics.MeterProvider | None = None  # None: the global provider
+_duration: metrics.Histogram | None = None
+
+
+def use_meter_provider(provider: metrics.MeterProvider | None) -> None:
+    """Record the executor's metrics with ``provider`` (None restores the global one)."""
+    global _meter_provider, _duration
+    _meter_provider, _duration = provider, None
+
+
+def record_execution(ctx: CallContext, seconds: float, error_code: str | None) -> None:
+    """The GenAI conventions' ``gen_ai.execute_tool.duration`` histogram (seconds), by tool
+    and ``error.type``. A no-op while no meter provider is configured."""
+    global _duration
+    if _duration is None:
+        meter = (_meter_provider or metrics.get_meter_provider()).get_meter(TRACER_NAME)
+        _duration = meter.create_histogram(
+            "gen_ai.execute_tool.duration", unit="s", description="Duration of tool executions"
+        )
+    attributes = {GEN_AI_OPERATION: EXECUTE_TOOL, "gen_ai.tool.name": ctx.tool}
+    if error_code is not None:
+        attributes["error.type"] = error_code
+    _duration.record(seconds, attributes)
+
+
 @contextmanager
 def _stage(
     name: str,
     ctx: CallContext | None,
     attributes: dict[str, str | int | bool | None],
     parent: Context | None = None,
+    prefix: str = _PREFIX,
 ) -> Iterator[Span]:
     with _tracer().start_as_current_span(
-        _PREFIX + name, context=parent, record_exception=False, set_status_on_exception=False
+        prefix + name, context=parent, record_exception=False, set_status_on_exception=False
     ) as span:
         if span.is_recording():
             if ctx is not None:
@@ -248,6 +298,9 @@ def record_outcome(
     for key, value in outcome.items():
         if value is not None:
             span.set_attribute(key, value)
+    if error_code is not None or status == "UNKNOWN":
+        # OpenTelemetry's error.type: the ledger's error code (an unknown outcome: a timeout)
+        span.set_attribute("error.type", error_code or "OUTCOME_UNKNOWN")
 
 
 def configure_tracing(

@@ -130,7 +130,7 @@ async def test_raw_sensitive_values_are_only_on_the_intents_stream(
     stores, intents = await searched()
     logged = server.everything_logged()
     spans = b"".join(v for k, v in logged.items() if k.endswith(".spans.jsonl"))
-    assert b'"name": "toolledger.execute"' in spans, "the executor's spans were not exported"
+    assert b'"name": "execute_tool ' in spans, "the executor's spans were not exported"
     assert b"ApprovalConsumed" in spans  # spans of this run, not only of earlier tests
     for name, value in secrets.items():
         raw = value.encode()

@@ -120,12 +120,20 @@ def _children(exporter: InMemorySpanExporter, parent: ReadableSpan) -> list[Read
     ]
 
 
+def _stage(span: ReadableSpan) -> str:
+    """A span's stage: ``toolledger.<stage>``, or ``execute`` for the GenAI conventions'
+    ``execute_tool <tool>`` span of a handler's execution."""
+    if span.name.startswith("execute_tool "):
+        return "execute"
+    return span.name.removeprefix("toolledger.")
+
+
 def _names(spans: list[ReadableSpan]) -> list[str]:
-    return sorted(s.name.removeprefix("toolledger.") for s in spans)
+    return sorted(_stage(s) for s in spans)
 
 
 def _only(spans: list[ReadableSpan], name: str) -> ReadableSpan:
-    (span,) = [s for s in spans if s.name == "toolledger." + name]
+    (span,) = [s for s in spans if _stage(s) == name]
     return span
 
 
@@ -212,7 +220,7 @@ async def test_a_replay_executes_nothing(ledger: Ledger, exporter: InMemorySpanE
     children = _children(exporter, intent)
     assert _names(children) == ["admit", "commit", "decide"]
     assert _attrs(_only(children, "commit"))["toolledger.event_types"] == "ToolCallReplayed"
-    assert not [s for s in exporter.get_finished_spans() if s.name == "toolledger.execute"]
+    assert not [s for s in exporter.get_finished_spans() if _stage(s) == "execute"]
 
 
 async def test_retries_show_one_execute_span_per_attempt(
@@ -229,7 +237,7 @@ async def test_retries_show_one_execute_span_per_attempt(
         "attempts": 3,
         "error_code": "DOWNSTREAM_UNAVAILABLE",
     }
-    executes = [s for s in _children(exporter, intent) if s.name == "toolledger.execute"]
+    executes = [s for s in _children(exporter, intent) if _stage(s) == "execute"]
     assert sorted(int(str(_attrs(s)["toolledger.attempt"])) for s in executes) == [1, 2, 3]
     for span in executes:
         assert _outcome(span) == {"status": "FAILED", "error_code": "DOWNSTREAM_UNAVAILABLE"}
@@ -375,10 +383,79 @@ async def test_no_argument_token_or_principal_reaches_any_span(
     assert (await ledger.call("charge_card", mismatch, "pay-2", tokens[-1])).rejected
 
     spans = exporter.get_finished_spans()
-    names = {s.name for s in spans}
-    assert {"toolledger.execute", "toolledger.approval_decision", "toolledger.commit"} <= names
+    names = {_stage(s) for s in spans}
+    assert {"execute", "approval_decision", "commit"} <= names
     dumped = [span.to_json() for span in spans]
     assert any("mail-1" in text for text in dumped)  # the search does see attributes
     for text in dumped:
         for secret in [*SECRETS.values(), *tokens, PRINCIPAL, "SECRET"]:
             assert secret not in text, (secret, text)
+
+
+async def test_an_execution_span_follows_the_genai_semantic_conventions(
+    ledger: Ledger, exporter: InMemorySpanExporter
+) -> None:
+    """OpenTelemetry's GenAI conventions for a tool's execution: the span's name, operation,
+    tool name, call id and type; the ledger's attributes under ``toolledger.*``; a failure's
+    ``error.type``. Never the arguments or the result."""
+    done = await ledger.call("create_ticket", {"title": "Printer SECRET-TITLE"}, "ticket-genai")
+    assert done.ok, done
+    failed = await ledger.call("flaky_write", {"payload": "p", "fault": "final"}, "flaky-genai")
+    assert failed.status is CallStatus.FAILED_FINAL, failed
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool ")]
+    by_tool = {str(_attrs(s)["gen_ai.tool.name"]): s for s in spans}
+    ok, bad = by_tool["create_ticket"], by_tool["flaky_write"]
+    assert ok.name == "execute_tool create_ticket"
+    attributes = _attrs(ok)
+    assert {k: v for k, v in attributes.items() if k.startswith("gen_ai.")} == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "create_ticket",
+        "gen_ai.tool.call.id": done.call_id,
+        "gen_ai.tool.type": "function",
+    }
+    assert "error.type" not in attributes
+    assert all(k.startswith(("gen_ai.", "toolledger.")) for k in attributes), attributes
+    assert "SECRET-TITLE" not in repr(attributes)
+    assert _attrs(bad)["error.type"] == failed.error.code if failed.error else False
+
+
+async def test_executions_are_measured_as_the_genai_conventions_name_it(
+    ledger: Ledger, exporter: InMemorySpanExporter
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    telemetry.use_meter_provider(provider)
+    try:
+        assert (await ledger.call("create_ticket", {"title": "t"}, "ticket-metric")).ok
+        failed = await ledger.call("flaky_write", {"payload": "p", "fault": "final"}, "m-2")
+        assert failed.status is CallStatus.FAILED_FINAL
+        data = reader.get_metrics_data()
+    finally:
+        telemetry.use_meter_provider(None)
+        provider.shutdown()
+    assert data is not None
+    (metric,) = [
+        m
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "gen_ai.execute_tool.duration"
+    ]
+    assert metric.unit == "s"
+    points = {
+        str(dict(p.attributes or {}).get("gen_ai.tool.name")): p for p in metric.data.data_points
+    }
+    assert dict(points["create_ticket"].attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "create_ticket",
+    }
+    ticket = points["create_ticket"]
+    assert isinstance(ticket, HistogramDataPoint) and ticket.count == 1 and ticket.sum >= 0
+    assert (
+        dict(points["flaky_write"].attributes or {})["error.type"] == failed.error.code
+        if failed.error
+        else False
+    )
