@@ -17,6 +17,7 @@ from producers.http.console.sessions import SessionSettings
 from producers.http.door import FrontDoor, ToolInfo
 from producers.http.errors import install_problem_handlers
 from producers.http.routes import ROUTERS
+from producers.http.routes.tool_calls import FAST_ROUTE
 
 __all__ = ["FrontDoor", "ToolInfo", "_AnswerErrors", "create_app"]
 
@@ -37,6 +38,7 @@ def create_app(door: FrontDoor, console_sessions: SessionSettings | None = None)
     app.add_middleware(AnswerErrors)
     for router in ROUTERS:
         app.include_router(router)
+    app.router.routes.insert(0, FAST_ROUTE)  # POST /v1/tools/{tool}/calls, before its twin
     console.install(app, console_sessions)
     openapi.install(app, door)
     return app

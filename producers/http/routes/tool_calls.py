@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.routing import Route
 
 from producers.client import CallResult
-from producers.http.access import Caller
+from producers.http.access import Caller, bearer
 from producers.http.approval_wait import awaited_request, decided_within
-from producers.http.call_admission import Admitted
+from producers.http.call_admission import Admitted, admit
 from producers.http.call_answer import answer, queued_probe
-from producers.http.call_input import Body, DecisionWait, Key, KnownTool, Started, Wait
-from producers.http.door import Door
+from producers.http.call_input import (
+    Body,
+    DecisionWait,
+    Key,
+    KnownTool,
+    Started,
+    Wait,
+    call_body,
+    call_key,
+    decision_wait_asked,
+    known_tool,
+    wait_asked,
+)
+from producers.http.door import Door, door_of
 from producers.http.models import CallBody
 from producers.http.openapi import CALLS_PATH, call_responses, request_body
 
@@ -75,3 +88,24 @@ async def call_tool(
     response = await answer(door, context, info.name, key, result, wait)
     door.metrics.observe(info.name, response.status_code, result, time.monotonic() - started)
     return response
+
+
+async def _call_tool_directly(request: Request) -> Response:
+    """:func:`call_tool` with its parts read by the very functions its dependencies name,
+    called here in the order FastAPI resolves them (so the same refusal wins), without
+    FastAPI's dependency resolution: about a third of a call's CPU on the hot path. The
+    FastAPI route stays registered behind it, for the OpenAPI document."""
+    started = time.monotonic()
+    door = await door_of(request)
+    context = await bearer(request)
+    info = await known_tool(request.path_params["tool"], door)
+    body = await call_body(request, info)
+    key = await call_key(request, info)
+    await admit(door, context, info, body, key)
+    wait = await wait_asked(request)
+    decision_wait = await decision_wait_asked(request)
+    return await call_tool(started, door, context, info, body, key, None, wait, decision_wait)
+
+
+FAST_ROUTE = Route(CALLS_PATH, _call_tool_directly, methods=["POST"])
+
