@@ -114,6 +114,7 @@ class CallReads(ABC):
     its dialect and how it runs one indexed lookup."""
 
     dialect: Dialect
+    calls_lag = True
 
     @abstractmethod
     async def _fetch(self, query: Query) -> list[dict[str, Any]]:

@@ -176,6 +176,7 @@ class SqliteCalls(search.CallReads, governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the embedded projection."""
 
     dialect = SQLITE
+    calls_lag = False  # the call rows are the executor's, written with the events
 
     def __init__(
         self,

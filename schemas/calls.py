@@ -440,6 +440,10 @@ class RunUsage:
 class CallQueries(Protocol):
     """Reads scoped to one tenant: another tenant's call is simply not found."""
 
+    # whether a call's row may lag the events that answered it (a projector of its own);
+    # False: the row is written with them (the embedded file), readable once answered
+    calls_lag: bool
+
     async def get(self, tenant_id: str, call_id: str) -> CallView | None: ...
 
     async def search(

@@ -29,7 +29,9 @@ async def projected(
     door: FrontDoor, tenant_id: str, call_id: str, event_id: str
 ) -> CallView | None:
     """The Call resource once the projection has applied the answering event (bounded)."""
-    if not await door.applied.within(event_id, governance.PROJECTION_WAIT_S):
+    if door.queries.calls_lag and not await door.applied.within(
+        event_id, governance.PROJECTION_WAIT_S
+    ):
         return None
     return await door.queries.get(tenant_id, call_id)
 
