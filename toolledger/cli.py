@@ -28,6 +28,7 @@ from toolledger.config import (
     load_tools,
     redaction_secret,
 )
+from toolledger.heap import releasing_free_memory
 from toolledger.mcp_wiring import register_mcp_command
 from toolledger.operator_cli import register_operator_commands
 from toolledger.options import (
@@ -199,18 +200,20 @@ def executor(
         raise typer.Exit(2) from None
     _tracing()
     asyncio.run(
-        run_executor(
-            kafka,
-            Topics(prefix, partitions),
-            registry,
-            secret,
-            concurrency=concurrency,
-            session_timeout_ms=session_timeout_ms,
-            ready_file=ready_file,
-            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-            intents_retention_ms=intents_ms,
-            state_dir=state_dir,
-            cache_entries=cache_entries,
+        releasing_free_memory(
+            run_executor(
+                kafka,
+                Topics(prefix, partitions),
+                registry,
+                secret,
+                concurrency=concurrency,
+                session_timeout_ms=session_timeout_ms,
+                ready_file=ready_file,
+                approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+                intents_retention_ms=intents_ms,
+                state_dir=state_dir,
+                cache_entries=cache_entries,
+            )
         )
     )
 
@@ -352,13 +355,15 @@ def projector(
         raise typer.Exit(2) from None
     topics = Topics(prefix, partitions)
     asyncio.run(
-        run_projector(
-            kafka,
-            postgres,
-            topics,
-            ready_file=ready_file,
-            batch_max=batch_max,
-            audit_retention=keep,
+        releasing_free_memory(
+            run_projector(
+                kafka,
+                postgres,
+                topics,
+                ready_file=ready_file,
+                batch_max=batch_max,
+                audit_retention=keep,
+            )
         )
     )
 
@@ -608,7 +613,7 @@ def serve(
         raise typer.Exit(code)
     _tracing()
     try:
-        serving.run(spec.serve(registry, host=host, port=port, mcp=mcp))
+        serving.run(releasing_free_memory(spec.serve(registry, host=host, port=port, mcp=mcp)))
     except (ConfigError, LedgerFileError) as exc:  # JWKS, JWT settings, policy, ledger file
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -667,7 +672,7 @@ def _serve_worker(spec: _DoorSpec, sock: socket.socket) -> None:
     logs.configure(spec.log_level)
     _tracing()
     try:
-        serving.run(spec.serve(spec.registry(), sock=sock))
+        serving.run(releasing_free_memory(spec.serve(spec.registry(), sock=sock)))
     except (ConfigError, LedgerFileError) as exc:
         console.print(f"[red]{exc}[/]")
         raise SystemExit(2) from None
@@ -684,9 +689,7 @@ def init(
         console.print(f"[red]{path} exists already: a ledger is never re-created[/]")
         raise typer.Exit(2)
     try:
-        SqliteLedger(
-            path, read_model=SqliteReadModel(), partitions=partitions, create=True
-        ).close()
+        SqliteLedger(path, read_model=SqliteReadModel(), partitions=partitions, create=True).close()
     except LedgerFileError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

@@ -248,6 +248,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
         from toolledger.config import ConfigError, load_tools
+        from toolledger.heap import releasing_free_memory
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")
@@ -300,7 +301,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                     await serve_http(front, host, port, wait_s=wait)
 
         try:
-            asyncio.run(main())
+            asyncio.run(releasing_free_memory(main()))
         except (LedgerFileError, ConfigError) as exc:  # e.g. another process holds the ledger
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime import heap
+from toolledger import heap
 
 
 def _resident_mb() -> float:

@@ -1,4 +1,7 @@
-"""Freed memory handed back to the operating system, every few seconds.
+"""Freed memory handed back to the operating system, every few seconds: what the
+``toolledger`` server commands (serve, mcp, executor, projector) do for their process. The
+library never does it on its own: a host application that wants it runs
+:func:`releasing_free_memory` around its work.
 
 An executor under steady load frees about as much as it allocates: keys expire, records are
 pruned, the bounded cache evicts. But glibc's malloc keeps the pages it freed in its arenas
@@ -14,12 +17,16 @@ nothing to call, and nothing is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 log = logging.getLogger("toolledger.heap")
+
+T = TypeVar("T")
 
 RELEASE_INTERVAL_S = 5.0
 
@@ -54,3 +61,14 @@ async def release_free_memory_every(interval_s: float = RELEASE_INTERVAL_S) -> N
     while True:
         await asyncio.sleep(interval_s)
         await asyncio.to_thread(release_free_memory)
+
+
+async def releasing_free_memory(work: Awaitable[T], interval_s: float = RELEASE_INTERVAL_S) -> T:
+    """``work``, with :func:`release_free_memory_every` beside it until it ends."""
+    releaser = asyncio.create_task(release_free_memory_every(interval_s))
+    try:
+        return await work
+    finally:
+        releaser.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await releaser
