@@ -29,7 +29,7 @@ OLD: dict[str, dict[str, Any]] = json.loads(
 )
 
 
-@pytest.mark.parametrize("seed", sorted(OLD, key=int))
+@pytest.mark.parametrize("seed", sorted(OLD))
 async def test_the_batch_executor_answers_as_the_old_runtime(seed: str) -> None:
     old: dict[str, Any] = OLD[seed]
     new = await run(int(seed))
