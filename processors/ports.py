@@ -197,7 +197,6 @@ class Snapshot:
     Any other key's entry is read from the store when the key is used."""
 
     states: dict[str, CallState] = field(default_factory=dict)
-    created: set[str] = field(default_factory=set)  # keys of ``states`` new in this batch
     approvals: dict[str, ApprovalBook] = field(default_factory=dict)  # by call key
     switches: dict[str, Switch] = field(default_factory=dict)  # by switch_key
     positions: dict[int, int] = field(default_factory=dict)

@@ -19,6 +19,10 @@ class Projection:
         self.lookups: list[list[str]] = []
         self.failing: Exception | None = None
 
+    async def moved(self, timeout_s: float) -> None:
+        """A projection that cannot tell when it moves: the poll's interval passes."""
+        await asyncio.sleep(timeout_s)
+
     async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
         self.lookups.append(list(event_ids))
         await asyncio.sleep(0)  # a query takes a turn of the loop

@@ -4,6 +4,7 @@ fresh-clone CI run found on Kafka + PostgreSQL: approve answered 404)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -66,6 +67,10 @@ class LaggingProjection:
     def __init__(self, lag: int) -> None:
         self.lag = lag
         self.asked: list[str] = []
+
+    async def moved(self, timeout_s: float) -> None:
+        """A projection that cannot tell when it moves: the poll's interval passes."""
+        await asyncio.sleep(timeout_s)
 
     async def applied_among(self, event_ids: Sequence[str]) -> set[str]:
         """One lookup of the awaited events (the step caller polls as a front door does)."""
