@@ -57,6 +57,9 @@ ENVELOPE_COLUMNS = {
     "intent_id": "intent_id",
 }
 _SLIM = {"envelope": set(ENVELOPE_COLUMNS)}
+AUDIT_SELECT = ", ".join(("payload_json", *ENVELOPE_COLUMNS.values()))
+"""What an audit row's whole event is read from (:func:`audit_payload`): its payload and its
+columns of the envelope."""
 
 
 def payload_json(event: Event) -> str:
