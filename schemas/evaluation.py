@@ -411,8 +411,10 @@ def report_of(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> Report:
-    """The report of a run (``run_id``) or of the window ``[since, until)``, from its facts."""
-    records = sorted(facts.records, key=lambda r: r.seq)
+    """The report of a run (``run_id``) or of the window ``[since, until)``, from its facts.
+    Its lists are in time order (the audit order across log partitions interleaves them by
+    offset; within a call key's partition the two agree)."""
+    records = sorted(facts.records, key=lambda r: (r.occurred_at, r.seq))
     calls = _calls(facts)
     return Report(
         tenant_id=tenant_id,
