@@ -38,7 +38,8 @@ def get_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
 def search_sql(
     d: Dialect, tenant_id: str, where: CallFilter, limit: int, after: str | None
 ) -> Query:
-    clauses, params = [f"tenant_id = {d.mark}"], [tenant_id]
+    # keyed calls: a read's row (PostgreSQL keeps one for analysts) is found by its id only
+    clauses, params = [f"tenant_id = {d.mark}", "idempotency_key <> ''"], [tenant_id]
     for column, value in (
         ("tool_name", where.tool),
         ("idempotency_key", where.idempotency_key),

@@ -4,12 +4,13 @@ caller's tenant, as JSON, Markdown or HTML; another tenant's run is empty for it
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx
 
 from tests.http.helpers import JSON, PROBLEM, assert_problem, media_type, post_call
-from tests.http.servers import GLOBEX, PLATFORM_OP, Server
+from tests.http.servers import GLOBEX, OPERATOR, PLATFORM_OP, Server
 
 
 async def test_a_runs_report_in_three_formats_scoped_to_the_tenant(
@@ -61,3 +62,27 @@ async def test_a_runs_report_in_three_formats_scoped_to_the_tenant(
     assert platform.status_code == 200 and platform.json()["metrics"]["calls"] == 4
     wrong = await client.get(f"/v1/runs/{run}/report", params={"format": "pdf"})
     assert wrong.status_code == 400 and media_type(wrong) == PROBLEM
+
+
+async def test_a_decision_carries_the_run_of_the_call_it_decides(
+    server: Server, client: httpx.AsyncClient, key: str
+) -> None:
+    run = f"run-{uuid.uuid4().hex}"
+    charge = {"customer_id": "cus_77", "amount_cents": 4200, "currency": "USD"}
+    asked = await post_call(client, "charge_card", charge, key=key, run_id=run)
+    assert asked.status_code == 428, asked.text
+    approval_id = asked.json()["approval_request"]["id"]
+    denied = await client.post(
+        f"/v1/approval-requests/{approval_id}/deny",
+        headers=OPERATOR.headers,
+        json={"reason": "Not this customer."},
+    )
+    assert denied.status_code in (200, 202), denied.text
+    for _ in range(100):  # the projection applies the decision shortly
+        checks = (await client.get(f"/v1/runs/{run}/report")).json()["checks"]
+        if checks["human_rejections"]:
+            break
+        await asyncio.sleep(0.1)
+    assert [(r["approval_id"], r["approver"], r["reason"]) for r in checks["human_rejections"]] == [
+        (approval_id, "olga", "Not this customer.")
+    ]

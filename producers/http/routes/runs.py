@@ -14,7 +14,7 @@ from producers.http.access import GLOBAL_OPERATOR, Caller
 from producers.http.door import Door
 from producers.http.errors import refused
 from producers.http.models import NO_CONTROL
-from producers.http.openapi import documented
+from producers.http.openapi import ERRORS
 from schemas.errors import ErrorCode
 from schemas.evaluation import Format, render, report_of
 
@@ -27,7 +27,20 @@ MEDIA_TYPES: dict[Format, str] = {
 }
 
 
-@router.get("/v1/runs/{run_id}/report", operation_id="getRunReport", responses=documented(200))
+_REPORT = {
+    200: {
+        "description": "The run's evaluation report, in the format asked for",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/markdown": {"schema": {"type": "string"}},
+            "text/html": {"schema": {"type": "string"}},
+        },
+    },
+    **ERRORS,
+}
+
+
+@router.get("/v1/runs/{run_id}/report", operation_id="getRunReport", responses=_REPORT)
 async def run_report(
     door: Door,
     context: Caller,
