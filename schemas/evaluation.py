@@ -515,12 +515,15 @@ def to_html_fragment(report: Report) -> str:
     def h(value: Any) -> str:
         return html.escape(_cell(value))
 
-    parts = ['<section class="report-metrics"><h2>Metrics</h2><table><tbody>']
+    parts = [
+        '<section class="report-metrics"><h2>Metrics</h2>'
+        '<div class="table-wrap" tabindex="0" role="region" aria-label="Metrics"><table><tbody>'
+    ]
     parts += [
         f'<tr><th scope="row">{h(k)}</th><td>{h(v)}</td></tr>'
         for k, v in report.metrics.to_json().items()
     ]
-    parts.append("</tbody></table></section>")
+    parts.append("</tbody></table></div></section>")
     for name, title in _SECTIONS:
         rows = _rows(report, name)
         parts.append(f'<section class="report-{name.replace("_", "-")}"><h2>{h(title)}</h2>')
@@ -530,12 +533,15 @@ def to_html_fragment(report: Report) -> str:
             parts.append("<p>None.</p></section>")
             continue
         columns = list(rows[0])
-        parts.append("<table><thead><tr>")
+        parts.append(
+            f'<div class="table-wrap" tabindex="0" role="region" aria-label="{h(title)}">'
+            "<table><thead><tr>"
+        )
         parts += [f'<th scope="col">{h(c)}</th>' for c in columns]
         parts.append("</tr></thead><tbody>")
         for r in rows:
             parts.append("<tr>" + "".join(f"<td>{h(r.get(c))}</td>" for c in columns) + "</tr>")
-        parts.append("</tbody></table></section>")
+        parts.append("</tbody></table></div></section>")
     return "".join(parts)
 
 
@@ -545,7 +551,8 @@ def to_html(report: Report) -> str:
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         "<style>body{font-family:sans-serif;margin:2rem}table{border-collapse:collapse}"
-        "th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}</style></head>"
+        "th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}"
+        ".table-wrap{overflow-x:auto}</style></head>"
         f"<body><h1>{title}</h1>{to_html_fragment(report)}</body></html>\n"
     )
 

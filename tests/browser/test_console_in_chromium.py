@@ -192,6 +192,14 @@ def test_every_page_at_1280_and_390(browser: Browser, server: Server, screenshot
     made = _call(server, "create_ticket", {"title": "<script>alert(1)</script>"}, _key("shot"))
     call_id = made.json()["call_id"]
     approval_id = _approval(server, "charge_card", CHARGE, _key("shot"))
+    run = _key("run")
+    for n in range(2):  # the same arguments under two keys: the run page has a table to show
+        httpx.post(
+            f"{server.base_url}/v1/tools/create_ticket/calls",
+            json={"arguments": {"title": "same"}, "run_id": run},
+            headers={**ACME.headers, "Idempotency-Key": f"{run}-{n}"},
+            timeout=60,
+        ).raise_for_status()
     pages = {
         "recent": "/console/calls",
         "calls": f"/console/calls?tool=create_ticket&key={made.json()['idempotency_key']}",
@@ -201,6 +209,7 @@ def test_every_page_at_1280_and_390(browser: Browser, server: Server, screenshot
         "switches": "/console/switches",
         "stats": "/console/stats",
         "groups": "/console/groups",
+        "run": f"/console/runs/{run}",
         "not-found": "/console/calls/call_" + "0" * 32,
         "no-page": "/console/nope",
         "docs": "/docs",
