@@ -55,6 +55,7 @@ class AuditRecord:
     error_code: str | None = None
     field_errors: tuple[tuple[str, str], ...] = ()  # (where, the validator's error type)
     disposition: str | None = None
+    resolution: str | None = None  # of a ToolCallReconciled
     approval_id: str | None = None
     approver: str | None = None
     reason: str | None = None
@@ -82,6 +83,7 @@ class AuditRecord:
             error_code=error.get("code"),
             field_errors=tuple((f["loc"], f["type"]) for f in event.get("field_errors") or ()),
             disposition=event.get("disposition"),
+            resolution=event.get("resolution"),
             approval_id=event.get("approval_id"),
             approver=event.get("approver"),
             reason=event.get("reason"),
@@ -359,7 +361,7 @@ def _order(records: Sequence[AuditRecord], groups: Iterable[GroupView]) -> list[
         if r.event_type == "ToolCallStarted":
             started.setdefault(r.call_id, r.occurred_at)
         elif r.event_type == "ToolCallSucceeded" or (
-            r.event_type == "ToolCallReconciled" and r.error_code is None
+            r.event_type == "ToolCallReconciled" and r.resolution == "SUCCEEDED"
         ):
             succeeded.setdefault(r.call_id, r.occurred_at)
     found: list[dict[str, Any]] = []

@@ -233,8 +233,9 @@ def test_order_against_the_groups_dependencies() -> None:
         rec(3, "ToolCallSucceeded", "c1"),
         rec(4, "ToolCallStarted", "c2"),  # after: in order
         rec(5, "ToolCallSucceeded", "c2"),
-        rec(6, "ToolCallFailed", "c3", error_code="REFUSED", disposition="FINAL"),
-        rec(7, "ToolCallStarted", "c4"),  # its dependency never succeeded
+        rec(6, "ToolCallOutcomeUnknown", "c3"),
+        rec(7, "ToolCallReconciled", "c3", resolution="NOT_HAPPENED"),  # not a success
+        rec(8, "ToolCallStarted", "c4"),  # its dependency never succeeded
     ]
     report = report_of(EvaluationFacts(records, [], [_group(steps)]), tenant_id=None, run_id=RUN)
     assert report.groups_checked == 1
