@@ -201,11 +201,14 @@ async def export(
     until: datetime,
 ) -> dict[str, int]:
     """Write each table's rows of the window under ``out/<table>/``; the rows per table."""
-    written: dict[str, int] = {}
-    for table, schema in _schemas().items():
+    schemas = _schemas()
+    for table in schemas:  # before anything is written
         target = out / table
         if target.exists() and any(target.iterdir()):
             raise AnalyticsError(f"{target} is not empty: export into a new directory")
+    written: dict[str, int] = {}
+    for table, schema in schemas.items():
+        target = out / table
         rows = await _rows(reads, table, tenant_id, since, until)
         target.mkdir(parents=True, exist_ok=True)
         written[table] = _write(rows, schema, target, form) if rows else 0

@@ -477,9 +477,11 @@ def report(
     try:
         if form not in FORMATS:
             raise AnalyticsError(f"--format {form!r}: give one of {', '.join(FORMATS)}")
-        if (run is None) == (since is None and until is None):
-            raise AnalyticsError("give --run RUN_ID, or --since and --until (not both)")
-        start, end = (None, None) if run is not None else window(since or "", until or "")
+        if run is not None and (since is not None or until is not None):
+            raise AnalyticsError("give --run RUN_ID or a window (--since, --until), not both")
+        if run is None and (since is None or until is None):
+            raise AnalyticsError("give --run RUN_ID, or the window: --since and --until")
+        start, end = (None, None) if since is None or until is None else window(since, until)
 
         async def go() -> str:
             async with read_side(data, postgres) as reads:
