@@ -80,10 +80,13 @@ ALTER TABLE tool_calls
     ADD COLUMN duration_ms double precision,
     DROP CONSTRAINT tool_calls_key_unique,
     DROP CONSTRAINT tool_calls_call_key_key;
+-- the latest run's, as projections.rows.latest_durations folds it: NULL after a Started
 UPDATE tool_calls c SET duration_ms = (
     SELECT e.duration_ms FROM tool_call_events e
-     WHERE e.call_id = c.call_id AND e.duration_ms IS NOT NULL ORDER BY e.seq DESC LIMIT 1
-) WHERE c.status <> 'PENDING';
+     WHERE e.call_id = c.call_id
+       AND (e.duration_ms IS NOT NULL OR e.event_type = 'ToolCallStarted')
+     ORDER BY e.seq DESC LIMIT 1
+);
 CREATE UNIQUE INDEX tool_calls_keyed ON tool_calls (call_key) WHERE idempotency_key <> '';
 CREATE UNIQUE INDEX tool_calls_key_unique ON tool_calls (tenant_id, tool_name, idempotency_key)
     WHERE idempotency_key <> '';
