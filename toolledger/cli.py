@@ -509,8 +509,9 @@ def export(
     postgres: BackendPostgresOption = None,
 ) -> None:
     """Export the audit trail and the calls of a window as files partitioned by day
-    (OUT/tool_call_events/day=YYYY-MM-DD/part-0.parquet, OUT/tool_calls/...), as the audit
-    trail holds them (redacted); their schema is in docs/data-dictionary.md#export."""
+    (OUT/tool_call_events/day=YYYY-MM-DD/part-0.parquet, and the same under OUT/tool_calls),
+    as the audit trail holds them (redacted); their schema is in
+    docs/data-dictionary.md#export."""
     _require("export", what="toolledger export")
     if postgres is not None:
         _require("postgres", what="toolledger export --postgres")
