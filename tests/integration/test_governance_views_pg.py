@@ -83,7 +83,7 @@ async def test_scenario_on_postgres_answers_as_on_sqlite(
 def comparable(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, Any], ...]]:
     """Rows of either database in one form: times as the SQLite views' UTC text, booleans as
     0/1, in a stable order; without ``seq``, the audit position, which each database derives
-    from its own log's positions (PostgreSQL: 0007_analytics.sql; the embedded file: its log's
+    from its own log's positions (PostgreSQL: 0008_analytics.sql; the embedded file: its log's
     sequence)."""
 
     def value(v: Any) -> Any:

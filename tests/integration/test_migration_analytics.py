@@ -1,4 +1,4 @@
-"""Migration 0007 on a read model written before it (issue 31): the JSON columns become jsonb
+"""Migration 0008 on a read model written before it (issue 31): the JSON columns become jsonb
 (an escaped NUL as U+FFFD, an escaped backslash before "u0000" kept), ``seq`` the log
 position, ``duration_ms`` filled from the payloads as the projection folds it, and the views
 answer over the converted rows. Applied by ``migrate`` as any deployment applies it."""
@@ -30,12 +30,12 @@ _EVENT = (
 )
 
 
-async def test_0007_converts_what_was_written_before_it(services: Services) -> None:
+async def test_0008_converts_what_was_written_before_it(services: Services) -> None:
     name = f"tl_up_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(services.postgres, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     dsn = make_conninfo(services.postgres, dbname=name)
-    before = [m for m in load_migrations() if m.version < "0007"]
+    before = [m for m in load_migrations() if m.version < "0008"]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE schema_migrations (version text PRIMARY KEY, name text NOT NULL, "
@@ -64,7 +64,7 @@ async def test_0007_converts_what_was_written_before_it(services: Services) -> N
                 (f"{call}/{offset}", partition, offset, call, f"k-{key}", key, kind, payload),
             )
 
-    assert await migrate(dsn) == ["0007"]
+    assert await migrate(dsn) == ["0008"]
 
     with psycopg.connect(dsn) as conn:
         calls = conn.execute(
