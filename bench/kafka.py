@@ -1084,7 +1084,12 @@ async def run_projector(
         await projection.close()
 
 
-_COPY_TYPES = {"log_partition": "integer", "log_offset": "bigint", "occurred_at": "timestamptz"}
+_COPY_TYPES = {
+    "log_partition": "integer",
+    "log_offset": "bigint",
+    "occurred_at": "timestamptz",
+    "payload_json": "jsonb",  # read back as a document (no text loader here), written as one
+}
 
 
 async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> float:

@@ -173,7 +173,7 @@ class LedgerApprovals:
         if refused is not None:
             return Decision(request.id, refused)
         record, _token = governance.approve(
-            _target(view), context.principal, datetime.now(UTC), self._ttl
+            governance.ApprovalTarget.of(view), context.principal, datetime.now(UTC), self._ttl
         )
         return await self._send(request, record)
 
@@ -187,7 +187,10 @@ class LedgerApprovals:
         if refused is not None:
             return Decision(request.id, refused)
         record = governance.deny(
-            _target(view), context.principal, deny_reason(reason), datetime.now(UTC)
+            governance.ApprovalTarget.of(view),
+            context.principal,
+            deny_reason(reason),
+            datetime.now(UTC),
         )
         return await self._send(request, record)
 
@@ -205,12 +208,6 @@ class LedgerApprovals:
 def deny_reason(reason: str) -> str:
     """A denial's reason as the ledger takes it (1 to ``MAX_REASON_CHARS`` characters)."""
     return reason.strip()[: governance.MAX_REASON_CHARS] or "No reason given."
-
-
-def _target(view: ApprovalView) -> governance.ApprovalTarget:
-    return governance.ApprovalTarget(
-        view.approval_id, view.tenant_id, view.tool, view.idempotency_key, view.args_digest
-    )
 
 
 def _not_recorded(request: PendingApproval) -> Decision:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from schemas.calls import ANY, IMPACT_FIELDS
+from schemas.calls import ANY, IMPACT_FIELDS, ApprovalView
 from schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -32,13 +32,27 @@ MAX_REASON_CHARS = 1000
 
 @dataclass(frozen=True, slots=True)
 class ApprovalTarget:
-    """The call an approval request is about (from the projection of its request)."""
+    """The call an approval request is about (from the projection of its request). ``run_id``:
+    the run the call belongs to, which its decision's events carry too."""
 
     approval_id: str
     tenant_id: str
     tool: str
     idempotency_key: str
     args_digest: str
+    run_id: str | None = None
+
+    @classmethod
+    def of(cls, view: ApprovalView) -> ApprovalTarget:
+        """The call of an approval request as the read side shows it."""
+        return cls(
+            view.approval_id,
+            view.tenant_id,
+            view.tool,
+            view.idempotency_key,
+            view.args_digest,
+            view.run_id,
+        )
 
 
 def _envelope(
@@ -52,6 +66,7 @@ def _envelope(
     args_digest: str,
     actor: str,
     now: datetime,
+    run_id: str | None = None,
 ) -> Envelope:
     return Envelope(
         event_id=f"{intent_id}/{kind}/1",
@@ -62,6 +77,7 @@ def _envelope(
         idempotency_key=idempotency_key,
         args_digest=args_digest,
         intent_id=intent_id,
+        run_id=run_id,
         principal=actor,
         occurred_at=now,
     )
@@ -107,6 +123,7 @@ def _call_envelope(
         args_digest=target.args_digest,
         actor=actor,
         now=now,
+        run_id=target.run_id,
     )
 
 

@@ -4,14 +4,17 @@ The audit trail is the read model's ``tool_call_events`` and ``tool_calls``. Pas
 retention, a finished call whose key has expired loses its record: its row and its events,
 once the row was last updated before the cutoff. A key still alive keeps its record (its
 replays are answered from the row), so a key kept forever keeps its audit trail forever.
-Events without a row (refusals, read-only calls, approvals of calls that never started) go
-once they are older than the cutoff. A PENDING or UNKNOWN call
+Events without a row (refusals, approvals of calls that never started) and read-only calls
+(no key: nothing replays them) go once they are older than the cutoff. A PENDING or UNKNOWN call
 keeps its whole record, however old: it is still to be resolved, and support staff need it.
 
-Each round walks the events in ``seq`` order from the start (the primary key: no index on
-time to keep up), a window of :data:`BATCH` rows a pass, and stops at the first event newer
-than the cutoff. What it keeps (open calls) it passes over; as the head of the table holds
-only such records after a round, a round reads little more than what it deletes.
+Each round walks the events in time order from the start, a window of :data:`BATCH` rows a
+pass, and stops at the first event newer than the cutoff: on SQLite in ``seq`` order (the
+order the file's one writer appended them in: no index on time to keep up), on PostgreSQL
+by ``occurred_at`` (indexed; its ``seq`` interleaves the log partitions by offset, which
+does not follow time across partitions). What it keeps (open calls) it passes over; as the
+head of the table holds only such records after a round, a round reads little more than what
+it deletes.
 The queries are written once over the :class:`~projections.dialect.Dialect`; an adapter
 runs them in one transaction per window.
 """
@@ -22,7 +25,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from projections.dialect import POSTGRES, SQLITE, Dialect, Query
@@ -31,12 +34,28 @@ BATCH = 1_000
 OPEN_STATUSES = ("PENDING", "UNKNOWN")
 
 
-def window_sql(d: Dialect, after_seq: int, limit: int = BATCH) -> Query:
-    """The next window of events: their seq, call and time."""
+Walk = tuple[str, ...]
+"""The columns the events are walked in the order of, ``seq`` last."""
+BY_SEQ: Walk = ("seq",)
+BY_TIME: Walk = ("occurred_at", "seq")
+
+
+def window_sql(d: Dialect, walk: Walk, after: Sequence[Any], limit: int = BATCH) -> Query:
+    """The next window of events in the order of ``walk``, after the values ``after`` of its
+    columns: their seq, call and time."""
+    columns = ", ".join(walk)
+    marks = ", ".join([d.mark] * len(walk))
     return (
-        f"SELECT seq, call_id, occurred_at FROM tool_call_events WHERE seq > {d.mark} "
-        f"ORDER BY seq LIMIT {d.mark}",
-        [after_seq, limit],
+        f"SELECT seq, call_id, occurred_at FROM tool_call_events WHERE ({columns}) > ({marks}) "
+        f"ORDER BY {columns} LIMIT {d.mark}",
+        [*after, limit],
+    )
+
+
+def start(d: Dialect, walk: Walk) -> tuple[Any, ...]:
+    """The values ``walk``'s columns are after at the start of a round (before every event)."""
+    return tuple(
+        d.time(datetime.min.replace(tzinfo=UTC)) if c == "occurred_at" else -1 for c in walk
     )
 
 
@@ -47,7 +66,8 @@ def kept_calls_sql(d: Dialect, call_ids: Sequence[str], cutoff: datetime) -> Que
     opened = ", ".join(f"'{s}'" for s in OPEN_STATUSES)
     return (
         f"SELECT call_id FROM tool_calls WHERE call_id IN ({marks}) "
-        f"AND (status IN ({opened}) OR expired_at IS NULL OR updated_at >= {d.mark})",
+        f"AND (status IN ({opened}) OR (expired_at IS NULL AND idempotency_key <> '') "
+        f"OR updated_at >= {d.mark})",
         [*call_ids, d.time(cutoff)],
     )
 
@@ -74,32 +94,34 @@ class Pass:
 
     deleted_events: list[int]
     deleted_calls: list[str]
-    cursor: int  # the last seq looked at
+    cursor: tuple[Any, ...]  # the walk's values of the last event looked at
     done: bool  # the window reached the cutoff (or the end): stop until the next round
 
 
 def plan(
     d: Dialect,
-    after_seq: int,
+    walk: Walk,
+    after: tuple[Any, ...],
     window: Sequence[Mapping[str, Any]],
     kept: set[str],
     cutoff: datetime,
     limit: int = BATCH,
 ) -> Pass:
-    """The events and rows of ``window`` (the events after ``after_seq``) to delete: older
-    than ``cutoff`` and not of a kept call. A row goes with its events; a finished call's
-    events all precede its last update, so they are in this window or earlier ones. Events
-    are in log order, which follows time closely: a pass stops at the first recent event."""
+    """The events and rows of ``window`` (the events after ``after`` in the order of
+    ``walk``) to delete: older than ``cutoff`` and not of a kept call. A row goes with its
+    events; a finished call's events all precede its last update, so they are in this window
+    or earlier ones. The walk follows time (closely, by ``seq``): a pass stops at the first
+    recent event."""
     boundary = d.time(cutoff)
     events: list[int] = []
     calls: set[str] = set()
-    cursor = after_seq
+    cursor = after
     for row in window:
         if not _older(row["occurred_at"], boundary):
             return Pass(events, sorted(calls), cursor, True)
-        cursor = int(row["seq"])
+        cursor = tuple(row[c] for c in walk)
         if row["call_id"] not in kept:
-            events.append(cursor)
+            events.append(int(row["seq"]))
             calls.add(row["call_id"])
     return Pass(events, sorted(calls), cursor, len(window) < limit)
 
@@ -123,17 +145,18 @@ def prune_sqlite(transaction: Transaction, cutoff: datetime, limit: int = BATCH)
     writer's transactions in the process. Through a connection of its own it raced them
     through SQLite's busy handler, which a writer committing back to back under load starved
     (every round failed with "database is locked")."""
-    d, cursor, deleted = SQLITE, 0, 0
+    d, deleted = SQLITE, 0
+    cursor = start(d, BY_SEQ)
     while True:
         with transaction() as conn:
-            window = _rows(conn, window_sql(d, cursor, limit))
+            window = _rows(conn, window_sql(d, BY_SEQ, cursor, limit))
             ids = sorted({r["call_id"] for r in window})
             kept = (
                 {r["call_id"] for r in _rows(conn, kept_calls_sql(d, ids, cutoff))}
                 if ids
                 else set()
             )
-            step = plan(d, cursor, window, kept, cutoff, limit)
+            step = plan(d, BY_SEQ, cursor, window, kept, cutoff, limit)
             # the embedded file: the audit trail's index and the log's records of the events
             deletes = delete_sql(d, step.deleted_events, step.deleted_calls, _SQLITE_EVENTS)
             for sql, params in deletes:
@@ -156,7 +179,8 @@ async def prune_postgres(dsn: str, cutoff: datetime, limit: int = BATCH) -> int:
     import psycopg
     from psycopg.rows import dict_row
 
-    d, cursor, deleted = POSTGRES, 0, 0
+    d, deleted = POSTGRES, 0
+    cursor = start(d, BY_TIME)
     async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
         got = await (
             await conn.execute("SELECT pg_try_advisory_lock(%s) AS got", [_LOCK])
@@ -166,13 +190,14 @@ async def prune_postgres(dsn: str, cutoff: datetime, limit: int = BATCH) -> int:
         try:
             while True:
                 async with conn.transaction():
-                    window = await (await conn.execute(*window_sql(d, cursor, limit))).fetchall()
+                    query = window_sql(d, BY_TIME, cursor, limit)
+                    window = await (await conn.execute(*query)).fetchall()
                     ids = sorted({r["call_id"] for r in window})
                     kept: set[str] = set()
                     if ids:
                         found = await conn.execute(*kept_calls_sql(d, ids, cutoff))
                         kept = {r["call_id"] for r in await found.fetchall()}
-                    step = plan(d, cursor, window, kept, cutoff, limit)
+                    step = plan(d, BY_TIME, cursor, window, kept, cutoff, limit)
                     deletes = delete_sql(
                         d, step.deleted_events, step.deleted_calls, ("tool_call_events",)
                     )

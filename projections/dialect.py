@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["POSTGRES", "SQLITE", "Dialect", "Query", "aware", "sqlite_table_time", "sqlite_time"]
+__all__ = [
+    "POSTGRES",
+    "SQLITE",
+    "Dialect",
+    "Query",
+    "aware",
+    "parsed_time",
+    "sqlite_table_time",
+    "sqlite_time",
+    "within",
+]
 
 Query = tuple[str, Sequence[Any]]
 """SQL text with the dialect's placeholders, and its parameters in order."""
@@ -26,6 +36,7 @@ class Dialect:
     time: Callable[[datetime], Any]  # a time parameter as the views' time columns hold it
     # a time parameter compared with a time column of the tables themselves (tool_calls)
     table_time: Callable[[datetime], Any]
+    table_exists: str  # one row if the table (or view) the one parameter names exists
 
 
 def aware(value: datetime) -> datetime:
@@ -33,6 +44,18 @@ def aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("naive datetime: give the read side timezone-aware times")
     return value.astimezone(UTC)
+
+
+def parsed_time(value: Any) -> datetime | None:
+    """A time column as either database returns it (SQLite: ISO text) as an aware time."""
+    if value is None:
+        return None
+    return aware(value if isinstance(value, datetime) else datetime.fromisoformat(value))
+
+
+def within(since: datetime, until: datetime, at: datetime | None) -> bool:
+    """Whether ``at`` is in ``[since, until)``."""
+    return at is not None and aware(since) <= at < aware(until)
 
 
 def sqlite_time(value: datetime) -> str:
@@ -47,5 +70,13 @@ def sqlite_table_time(value: datetime) -> str:
     return value.isoformat()
 
 
-SQLITE = Dialect("?", "", sqlite_time, sqlite_table_time)
-POSTGRES = Dialect("%s", ' COLLATE "C"', aware, aware)
+SQLITE = Dialect(
+    "?",
+    "",
+    sqlite_time,
+    sqlite_table_time,
+    "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?",
+)
+POSTGRES = Dialect(
+    "%s", ' COLLATE "C"', aware, aware, "SELECT 1 WHERE to_regclass(%s::text) IS NOT NULL"
+)

@@ -39,16 +39,23 @@ from schemas.calls import (
 # ------------------------------------------------------------------------------ the views
 
 
+def _portable_block(migration: str, name: str) -> str:
+    """The statements between the ``-- BEGIN name`` and ``-- END name`` markers of a
+    migration."""
+    text = (Path(__file__).parent / "migrations" / migration).read_text()
+    found = re.search(rf"^-- BEGIN {name}.*?\n(.*)^-- END {name}$", text, re.M | re.S)
+    if found is None:
+        raise RuntimeError(f"migration {migration} lost its {name} block")
+    return found.group(1)
+
+
 def _portable_views_sql() -> str:
     """The views between the BEGIN and END markers of migration 0002, with the database's
     clock (``now()`` there) as the placeholder ``{now}``: one text for both databases."""
-    text = (Path(__file__).parent / "migrations" / "0002_governance.sql").read_text()
-    found = re.search(
-        r"^-- BEGIN portable views.*?\n(.*)^-- END portable views$", text, re.M | re.S
-    )
-    if found is None or found.group(1).count("now()") != 1:
+    block = _portable_block("0002_governance.sql", "portable views")
+    if block.count("now()") != 1:
         raise RuntimeError("migration 0002 lost its portable views block")
-    return found.group(1).replace("now()", "{now}")
+    return block.replace("now()", "{now}")
 
 
 PORTABLE_VIEWS_SQL = _portable_views_sql()
@@ -59,6 +66,14 @@ clock. No ';' except at the end of each statement (the SQLite rebuild splits on 
 PORTABLE_VIEWS: tuple[str, ...] = tuple(
     re.findall(r"^CREATE VIEW (\w+) AS$", PORTABLE_VIEWS_SQL, re.M)
 )
+
+
+DAILY_VIEWS_SQL = _portable_block("0008_analytics.sql", "portable daily views")
+"""``tool_metrics_daily`` (migration 0008), one text for both databases (no clock, no
+dialect), over two day fact views a database defines in its own dialect: ``call_day_facts``
+(tenant_id, tool_name, day, status, run_id: every ``tool_calls`` row on the UTC day it was
+created) and ``event_day_facts`` (tenant_id, tool_name, day, intent_id, event_type,
+error_code, duration_ms: every call event on the UTC day it occurred)."""
 
 
 def portable_views(now: str) -> str:

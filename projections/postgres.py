@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
+import json
 import logging
 import operator
 import re
@@ -31,13 +32,23 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from processors.ledger import CallState
 from processors.ledger.rows import CALL_COLUMNS, STATE_SELECT, call_row, state_of_row
 from projections import governance, search
 from projections.dialect import POSTGRES, Query
-from projections.rows import EVENT_COLUMNS, Position, event_row, expiries, fold_new_events
+from projections.rows import (
+    ANALYTICS_COLUMNS,
+    EVENT_COLUMNS,
+    Position,
+    duration_of,
+    event_row,
+    expiries,
+    fold_new_events,
+    latest_durations,
+    read_only_call,
+)
 from schemas.dead_letters import DeadLetterRecord
 from schemas.events import Event
 
@@ -209,7 +220,13 @@ class ApplyResult:
     positions: Mapping[tuple[str, int], int]  # (topic, partition) -> next offset written
 
 
+# the tables' columns: the rows of both databases, and the analysts' (0008_analytics.sql)
+_EVENT_COLUMNS: Final = (*EVENT_COLUMNS, *ANALYTICS_COLUMNS)
+_CALL_COLUMNS: Final = (*CALL_COLUMNS, *ANALYTICS_COLUMNS)
+_JSON_COLUMNS: Final = frozenset({"payload_json", "result_json", "error_json", "state_json"})
+"""jsonb in the tables, text in the staging tables: cast when copied over."""
 _TYPES: Final[Mapping[str, str]] = {
+    "duration_ms": "double precision",
     "log_partition": "integer",
     "log_offset": "bigint",
     "attempts": "integer",
@@ -220,8 +237,10 @@ _TYPES: Final[Mapping[str, str]] = {
     "updated_at": "timestamptz",
     "expired_at": "timestamptz",
 }
-_EVENT_TYPES: Final = tuple(_TYPES.get(c, "text") for c in EVENT_COLUMNS)
-_CALL_TYPES: Final = tuple(_TYPES.get(c, "text") for c in CALL_COLUMNS)
+_EVENT_TYPES: Final = tuple(_TYPES.get(c, "text") for c in _EVENT_COLUMNS)
+_CALL_TYPES: Final = tuple(_TYPES.get(c, "text") for c in _CALL_COLUMNS)
+_EVENT_JSON: Final = tuple(c in _JSON_COLUMNS for c in _EVENT_COLUMNS)
+_CALL_JSON: Final = tuple(c in _JSON_COLUMNS for c in _CALL_COLUMNS)
 
 _STAGE_EVENTS: Final = "toolledger_stage_events"
 _STAGE_CALLS: Final = "toolledger_stage_calls"
@@ -229,6 +248,14 @@ _STAGE_CALLS: Final = "toolledger_stage_calls"
 
 def _ids(names: Iterable[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def _staged(names: Iterable[str]) -> sql.Composable:
+    """The staging table's columns as the table's: the JSON texts cast to jsonb."""
+    return sql.SQL(", ").join(
+        sql.SQL("{}::jsonb" if n in _JSON_COLUMNS else "{}").format(sql.Identifier(n))
+        for n in names
+    )
 
 
 def _stage_ddl(table: str, columns: Sequence[str], types: Sequence[str]) -> sql.Composed:
@@ -242,27 +269,38 @@ def _stage_ddl(table: str, columns: Sequence[str], types: Sequence[str]) -> sql.
 
 
 _COPY_EVENTS: Final = sql.SQL("COPY {} (ord, {}) FROM STDIN (FORMAT BINARY)").format(
-    sql.Identifier(_STAGE_EVENTS), _ids(EVENT_COLUMNS)
+    sql.Identifier(_STAGE_EVENTS), _ids(_EVENT_COLUMNS)
 )
 _INSERT_EVENTS: Final = sql.SQL(
-    "INSERT INTO tool_call_events ({cols}) SELECT {cols} FROM {stage} ORDER BY ord "
+    "INSERT INTO tool_call_events ({cols}) SELECT {staged} FROM {stage} ORDER BY ord "
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
-).format(cols=_ids(EVENT_COLUMNS), stage=sql.Identifier(_STAGE_EVENTS))
+).format(
+    cols=_ids(_EVENT_COLUMNS),
+    staged=_staged(_EVENT_COLUMNS),
+    stage=sql.Identifier(_STAGE_EVENTS),
+)
 _COPY_CALLS: Final = sql.SQL("COPY {} (ord, {}) FROM STDIN (FORMAT BINARY)").format(
-    sql.Identifier(_STAGE_CALLS), _ids(CALL_COLUMNS)
+    sql.Identifier(_STAGE_CALLS), _ids(_CALL_COLUMNS)
 )
 _UPDATE_CALLS: Final = sql.SQL(", ").join(
     sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
-    for c in CALL_COLUMNS
+    for c in _CALL_COLUMNS
     if c not in ("call_id", "call_key")
 )
+# a keyed call's row is its key's (unique among keyed rows); a read-only call's row is new
+# (its one outcome event was not applied before)
 _UPSERT_CALLS_FROM_STAGE: Final = sql.SQL(
-    "INSERT INTO tool_calls ({cols}) SELECT {cols} FROM {stage} ORDER BY ord "
-    "ON CONFLICT (call_key) DO UPDATE SET {update}"
-).format(cols=_ids(CALL_COLUMNS), stage=sql.Identifier(_STAGE_CALLS), update=_UPDATE_CALLS)
+    "INSERT INTO tool_calls ({cols}) SELECT {staged} FROM {stage} ORDER BY ord "
+    "ON CONFLICT (call_key) WHERE idempotency_key <> '' DO UPDATE SET {update}"
+).format(
+    cols=_ids(_CALL_COLUMNS),
+    staged=_staged(_CALL_COLUMNS),
+    stage=sql.Identifier(_STAGE_CALLS),
+    update=_UPDATE_CALLS,
+)
 _STORED_STATES: Final = (  # an expired key's row keeps its last call, but the key is new
-    f"SELECT {STATE_SELECT} FROM tool_calls WHERE call_key = ANY(%b) "
-    "AND expired_at IS NULL FOR UPDATE"
+    f"SELECT {STATE_SELECT}, duration_ms FROM tool_calls WHERE call_key = ANY(%b) "
+    "AND idempotency_key <> '' AND expired_at IS NULL FOR UPDATE"
 )
 _MARK_EXPIRED: Final = (
     "UPDATE tool_calls SET expired_at = t.at "
@@ -345,9 +383,11 @@ class PostgresProjection:
 
     @staticmethod
     async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        # the JSON columns read as the JSON's text, as SQLite's do (jsonb's own spelling)
+        conn.adapters.register_loader("jsonb", TextLoader)
         # per-session staging tables, emptied at every commit
-        await conn.execute(_stage_ddl(_STAGE_EVENTS, EVENT_COLUMNS, _EVENT_TYPES))
-        await conn.execute(_stage_ddl(_STAGE_CALLS, CALL_COLUMNS, _CALL_TYPES))
+        await conn.execute(_stage_ddl(_STAGE_EVENTS, _EVENT_COLUMNS, _EVENT_TYPES))
+        await conn.execute(_stage_ddl(_STAGE_CALLS, _CALL_COLUMNS, _CALL_TYPES))
 
     @contextlib.asynccontextmanager
     async def _connection(self, what: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -429,7 +469,9 @@ class PostgresProjection:
                 copy.set_types(["integer", *_EVENT_TYPES])
                 for ord_, (event, pos) in enumerate(events):
                     row = event_row(event, pos)
-                    await copy.write_row(_copy_row(ord_, _EVENT_VALUES(row), row["payload_json"]))
+                    row["duration_ms"] = duration_of(event)
+                    values = _EVENT_VALUES(row)
+                    await copy.write_row(_copy_row(ord_, values, _EVENT_JSON, row["payload_json"]))
             await cur.execute(_INSERT_EVENTS)
             inserted = {r[0] for r in await cur.fetchall()}
         # as stored: an id with a NUL comes back with U+FFFD in its place
@@ -437,24 +479,39 @@ class PostgresProjection:
 
     async def _fold(
         self, conn: psycopg.AsyncConnection[Any], new_events: Sequence[Event]
-    ) -> dict[str, CallState]:
+    ) -> list[dict[str, Any]]:
+        """The ``tool_calls`` rows ``new_events`` change: of the keyed calls whose state they
+        move (folded onto the stored rows), and of each read-only call."""
         if not new_events:
-            return {}
-        keys = list(dict.fromkeys(e.call_key for e in new_events))
+            return []
+        keyed = [e for e in new_events if e.envelope.idempotency_key]
+        rows = [
+            row | {"duration_ms": duration_of(event)}
+            for event in new_events
+            if (row := read_only_call(event)) is not None
+        ]
+        if not keyed:
+            return rows
+        keys = list(dict.fromkeys(e.call_key for e in keyed))
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(_STORED_STATES, (keys,))
-            stored = {row["call_key"]: state_of_row(row) for row in await cur.fetchall()}
-        return fold_new_events(stored, new_events)
+            stored = await cur.fetchall()
+        states = fold_new_events({r["call_key"]: state_of_row(r) for r in stored}, keyed)
+        durations = latest_durations({r["call_key"]: r["duration_ms"] for r in stored}, keyed)
+        for key, state in states.items():
+            rows.append(call_row(key, state) | {"duration_ms": durations.get(key)})
+        return rows
 
     async def _upsert_calls(
-        self, conn: psycopg.AsyncConnection[Any], states: Mapping[str, CallState]
+        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[Mapping[str, Any]]
     ) -> None:
-        rows = [call_row(key, state) for key, state in states.items()]
         async with conn.cursor() as cur:
             async with cur.copy(_COPY_CALLS) as copy:
                 copy.set_types(["integer", *_CALL_TYPES])
                 for ord_, row in enumerate(rows):
-                    await copy.write_row(_copy_row(ord_, _CALL_VALUES(row), row["state_json"]))
+                    json_texts = (row["state_json"], row["result_json"], row["error_json"])
+                    values = _CALL_VALUES(row)
+                    await copy.write_row(_copy_row(ord_, values, _CALL_JSON, *json_texts))
             await cur.execute(_UPSERT_CALLS_FROM_STAGE)
 
     @staticmethod
@@ -511,26 +568,32 @@ class PostgresProjection:
             return {int(p): int(o) for p, o in await cur.fetchall()}
 
     async def call_rows(self) -> list[dict[str, Any]]:
-        """Every ``tool_calls`` row (the columns of ``CALL_COLUMNS``), by ``call_id``."""
+        """Every ``tool_calls`` row (the columns of ``CALL_COLUMNS`` and the analysts'), by
+        ``call_id``."""
         return await self._rows(
-            sql.SQL("SELECT {} FROM tool_calls ORDER BY call_id").format(_ids(CALL_COLUMNS))
+            sql.SQL("SELECT {} FROM tool_calls ORDER BY call_id").format(_ids(_CALL_COLUMNS))
         )
 
     async def event_rows(self) -> list[dict[str, Any]]:
-        """Every audit row (``EVENT_COLUMNS``: ``seq`` left out), by ``event_id``."""
+        """Every audit row (``EVENT_COLUMNS`` and the analysts': ``seq`` left out), by
+        ``event_id``."""
         return await self._rows(
-            sql.SQL("SELECT {} FROM tool_call_events ORDER BY event_id").format(_ids(EVENT_COLUMNS))
+            sql.SQL("SELECT {} FROM tool_call_events ORDER BY event_id").format(
+                _ids(_EVENT_COLUMNS)
+            )
         )
 
     async def dead_letter_rows(self) -> list[dict[str, Any]]:
         """Every dead letter (topic, partition, offset, reason, payload, record_key, headers),
         by topic and place."""
-        return await self._rows(
+        rows = await self._rows(
             sql.SQL(
                 'SELECT topic, partition, "offset", reason, payload, record_key, headers '
                 'FROM dead_letters ORDER BY topic, partition, "offset"'
             )
         )
+        # jsonb reads as its text on the pool's connections (_configure): the headers' list
+        return [row | {"headers": json.loads(row["headers"])} for row in rows]
 
     async def dead_letter_reasons(self, topic: str | None = None) -> list[str]:
         """The reasons of the dead letters (of ``topic``, if given), in the order recorded."""
@@ -589,20 +652,35 @@ class PostgresCalls(search.CallReads, governance.GovernanceReads):
 
 
 # a row's values in its COPY's column order, taken in one C call
-_EVENT_VALUES: Final = operator.itemgetter(*EVENT_COLUMNS)
-_CALL_VALUES: Final = operator.itemgetter(*CALL_COLUMNS)
+_EVENT_VALUES: Final = operator.itemgetter(*_EVENT_COLUMNS)
+_CALL_VALUES: Final = operator.itemgetter(*_CALL_COLUMNS)
 
 
-def _copy_row(ord_: int, values: tuple[Any, ...], json_text: str) -> tuple[Any, ...]:
-    """``(ord, *values)`` for a COPY, with :func:`_text` applied to every value if the row may
-    hold a NUL. ``json_text``: the row's JSON of its event (``payload_json``, which keeps its
-    whole envelope when an id holds a NUL: :func:`projections.rows.payload_json`) or state
-    (``state_json``), which holds every text value of the row but the derived call id (hex)
-    and constants, and JSON escapes a NUL as ``\\u0000``: one substring test in C decides for
-    the whole row (a literal ``\\u0000`` in an argument only takes the slow path)."""
-    if "\\u0000" in json_text:
-        return (ord_, *(_text(v) for v in values))
+def _copy_row(
+    ord_: int, values: tuple[Any, ...], json: tuple[bool, ...], *json_texts: str | None
+) -> tuple[Any, ...]:
+    """``(ord, *values)`` for a COPY, with :func:`_text` applied to every value (and
+    :func:`_jsonb` to the JSON ones, by ``json``) if the row may hold a NUL. ``json_texts``:
+    the row's JSON of its event (``payload_json``, which keeps its whole envelope when an id
+    holds a NUL: :func:`projections.rows.payload_json`) or of its state, result and error
+    (``state_json`` holds every other text value of the row but the derived call id (hex)
+    and constants); JSON escapes a NUL as ``\\u0000``: a substring test in C decides for the
+    whole row (a literal ``\\u0000`` in an argument only takes the slow path)."""
+    if any(text is not None and "\\u0000" in text for text in json_texts):
+        return (ord_, *(_jsonb(v) if j else _text(v) for v, j in zip(values, json, strict=True)))
     return (ord_, *values)
+
+
+# an escaped NUL: ``\u0000`` after an even number of backslashes (those escape each other)
+_ESCAPED_NUL: Final = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _jsonb(value: str | None) -> str | None:
+    """jsonb cannot hold U+0000: an escaped NUL in a JSON text becomes U+FFFD, as :func:`_text`
+    does in text columns (migration 0008 does the same to the rows it converts)."""
+    if value is None:
+        return None
+    return _ESCAPED_NUL.sub(r"\1\\ufffd", value)
 
 
 def _text(value: Any) -> Any:

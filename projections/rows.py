@@ -12,12 +12,19 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from processors.ledger import CallState, evolve
-from processors.ledger.rows import (
-    holds_nul,
+from processors.ledger import CallContext, CallState, evolve
+from processors.ledger.rows import call_row, holds_nul
+from schemas.events import (
+    Envelope,
+    Event,
+    ToolCallFailed,
+    ToolCallJobStarted,
+    ToolCallKeyExpired,
+    ToolCallStarted,
+    ToolCallSucceeded,
 )
-from schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
 from schemas.keys import call_id_for
+from schemas.status import CallStatus
 from schemas.topics import Position as Position  # where an event was read (re-exported)
 
 EVENT_COLUMNS = (
@@ -50,6 +57,9 @@ ENVELOPE_COLUMNS = {
     "intent_id": "intent_id",
 }
 _SLIM = {"envelope": set(ENVELOPE_COLUMNS)}
+AUDIT_SELECT = ", ".join(("payload_json", *ENVELOPE_COLUMNS.values()))
+"""What an audit row's whole event is read from (:func:`audit_payload`): its payload and its
+columns of the envelope."""
 
 
 def payload_json(event: Event) -> str:
@@ -138,3 +148,63 @@ def fold_new_events(
         if last is not None and last is not before:
             changed[key] = last
     return changed
+
+
+# ---------------------------------------------------------------- the analysts' columns
+
+ANALYTICS_COLUMNS = ("duration_ms",)
+"""Columns a read model may add to both tables (PostgreSQL has them, see
+``projections/migrations/0008_analytics.sql``): ``duration_ms``, of the handler run an event
+reports (:func:`duration_of`) or of a call's latest finished run (:func:`latest_durations`)."""
+
+
+def duration_of(event: Event) -> float | None:
+    """The duration of the handler run ``event`` reports, in milliseconds (None: it reports
+    none)."""
+    if isinstance(event, ToolCallSucceeded | ToolCallFailed | ToolCallJobStarted):
+        return float(event.duration_ms)
+    return None
+
+
+def latest_durations(
+    stored: Mapping[str, float | None], new_events: Iterable[Event]
+) -> dict[str, float | None]:
+    """The ``duration_ms`` of every call key ``new_events`` (in log order) tell something
+    about: of its latest finished handler run, None once a new run started (``stored``: the
+    keys' values before the events; a key the events say nothing about keeps it)."""
+    latest: dict[str, float | None] = {}
+    for event in new_events:
+        if not event.envelope.idempotency_key:
+            continue
+        if isinstance(event, ToolCallStarted):
+            latest[event.call_key] = None
+        else:
+            duration = duration_of(event)
+            if duration is not None:
+                latest[event.call_key] = duration
+    return {key: latest.get(key, stored.get(key)) for key in (*stored, *latest)}
+
+
+def read_only_call(event: Event) -> dict[str, Any] | None:
+    """The ``tool_calls`` row of a read-only call (its one outcome event, unkeyed: no Started
+    before it), or None for any other event. Its ``call_id`` names its intent
+    (:func:`schemas.keys.call_id_for`); its ``call_key`` is the tool's shared unkeyed key."""
+    env = event.envelope
+    if env.idempotency_key or not isinstance(event, ToolCallSucceeded | ToolCallFailed):
+        return None
+    running = CallState(
+        status=CallStatus.PENDING,
+        context=CallContext.of(env),
+        first_intent_id=env.intent_id,
+        attempts=event.attempt,
+        rounds=1,
+        round_attempts=1,
+        created_at=env.occurred_at,
+        updated_at=env.occurred_at,
+        last_event_id=env.event_id,
+    )
+    state = evolve(running, event)
+    assert state is not None  # an outcome on a running call
+    row = call_row(env.call_key, state)
+    row["call_id"] = call_id_for(env.call_key, env.idempotency_key, env.intent_id)
+    return row

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
-from projections.dialect import Dialect, Query
-from projections.rows import ENVELOPE_COLUMNS, audit_payload
+from projections import evaluation, export
+from projections.dialect import Dialect, Query, parsed_time, within
+from projections.rows import AUDIT_SELECT, audit_payload
 from schemas.calls import (
     CallFilter,
     CallView,
@@ -19,6 +21,8 @@ from schemas.calls import (
     encode_cursor,
     encode_recent_cursor,
 )
+from schemas.evaluation import AuditRecord, CallRecord, EvaluationFacts
+from schemas.groups import GroupView
 
 CALL_SELECT = (
     "SELECT call_id, tenant_id, tool_name, tool_version, idempotency_key, args_digest, status, "
@@ -34,7 +38,8 @@ def get_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
 def search_sql(
     d: Dialect, tenant_id: str, where: CallFilter, limit: int, after: str | None
 ) -> Query:
-    clauses, params = [f"tenant_id = {d.mark}"], [tenant_id]
+    # keyed calls: a read's row (PostgreSQL keeps one for analysts) is found by its id only
+    clauses, params = [f"tenant_id = {d.mark}", "idempotency_key <> ''"], [tenant_id]
     for column, value in (
         ("tool_name", where.tool),
         ("idempotency_key", where.idempotency_key),
@@ -83,13 +88,10 @@ def recent_page_of(rows: Sequence[dict[str, Any]], limit: int) -> Page:
 
 def events_sql(d: Dialect, tenant_id: str, call_id: str) -> Query:
     return (
-        f"SELECT {_EVENT_SELECT} FROM tool_call_events WHERE tenant_id = {d.mark} "
+        f"SELECT {AUDIT_SELECT} FROM tool_call_events WHERE tenant_id = {d.mark} "
         f"AND call_id = {d.mark} ORDER BY seq",
         (tenant_id, call_id),
     )
-
-
-_EVENT_SELECT = ", ".join(("payload_json", *ENVELOPE_COLUMNS.values()))
 
 
 def events_of(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
@@ -144,6 +146,86 @@ class CallReads(ABC):
 
     async def moved(self, timeout_s: float) -> None:
         await asyncio.sleep(timeout_s)
+
+    async def _groups(self, query: Query) -> list[GroupView]:
+        d = self.dialect
+        (found,) = await self._read((d.table_exists, (evaluation.GROUPS_TABLE,)))
+        if not found:
+            return []  # an embedded ledger that never ran a group
+        (rows,) = await self._read(query)
+        return evaluation.groups_of(rows)
+
+    async def _facts(
+        self, events: Query, calls: Query
+    ) -> tuple[list[AuditRecord], list[CallRecord]]:
+        """The audit records and the keyed calls of two queries, from one snapshot."""
+        event_rows, call_rows = await self._read(events, calls)
+        records = evaluation.records_of(event_rows, events_of(event_rows) or [])
+        return records, evaluation.calls_of(call_rows)
+
+    async def run_facts(self, tenant_id: str | None, run_id: str) -> EvaluationFacts:
+        """:meth:`schemas.evaluation.EvaluationReads.run_facts`."""
+        d = self.dialect
+        records, calls = await self._facts(
+            evaluation.run_events_sql(d, tenant_id, run_id),
+            evaluation.run_calls_sql(d, tenant_id, run_id),
+        )
+        groups = await self._groups(evaluation.run_groups_sql(d, tenant_id, run_id))
+        return EvaluationFacts(records, calls, groups)
+
+    async def window_facts(
+        self, tenant_id: str | None, since: datetime, until: datetime
+    ) -> EvaluationFacts:
+        """:meth:`schemas.evaluation.EvaluationReads.window_facts`."""
+        d = self.dialect
+        records, calls = await self._facts(
+            evaluation.window_events_sql(d, tenant_id, since, until),
+            evaluation.window_calls_sql(d, tenant_id, since, until),
+        )
+        groups = await self._groups(evaluation.window_groups_sql(d, tenant_id, since, until))
+        return EvaluationFacts(
+            records=[r for r in records if within(since, until, r.occurred_at)],
+            calls=[c for c in calls if within(since, until, c.created_at)],
+            groups=[g for g in groups if within(since, until, g.created_at)],
+        )
+
+    async def export_events(
+        self, tenant_id: str | None, since: datetime, until: datetime
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The audit rows of events that occurred in ``[since, until)``, a page at a time in
+        audit order, each with its whole event (:data:`projections.export.EVENT_FIELDS`)."""
+        after = -1
+        while True:
+            (rows,) = await self._read(
+                export.events_page_sql(self.dialect, tenant_id, since, until, after)
+            )
+            if not rows:
+                return
+            yield [
+                export.event_of(row, event)
+                for row, event in zip(rows, events_of(rows) or [], strict=True)
+                if within(since, until, parsed_time(row["occurred_at"]))
+            ]
+            after = int(rows[-1]["seq"])
+
+    async def export_calls(
+        self, tenant_id: str | None, since: datetime, until: datetime
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The calls created in ``[since, until)``, a page at a time by call id
+        (:data:`projections.export.CALL_FIELDS`)."""
+        after = ""
+        while True:
+            (rows,) = await self._read(
+                export.calls_page_sql(self.dialect, tenant_id, since, until, after)
+            )
+            if not rows:
+                return
+            yield [
+                export.call_of(row)
+                for row in rows
+                if within(since, until, parsed_time(row["created_at"]))
+            ]
+            after = str(rows[-1]["call_id"])
 
     async def applied(self, event_id: str) -> bool:
         return bool(await self._fetch(applied_sql(self.dialect, event_id)))

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from schemas.errors import ErrorInfo
+from schemas.evaluation import EvaluationReads
 from schemas.events import JobInfo
 from schemas.status import CallStatus
 
@@ -437,8 +438,9 @@ class RunUsage:
     fingerprint: str | None
 
 
-class CallQueries(Protocol):
-    """Reads scoped to one tenant: another tenant's call is simply not found."""
+class CallQueries(EvaluationReads, Protocol):
+    """Reads scoped to one tenant: another tenant's call is simply not found. With the
+    evaluation report's reads (:class:`schemas.evaluation.EvaluationReads`)."""
 
     # whether a call's row may lag the events that answered it (a projector of its own);
     # False: the row is written with them (the embedded file), readable once answered

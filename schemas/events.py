@@ -119,7 +119,7 @@ class ToolCallSucceeded(Event):
     attempt: int
     result_json: str
     downstream_request_id: str | None = None
-    duration_ms: int
+    duration_ms: float  # milliseconds (v1 wrote whole ones)
 
 
 class ToolCallFailed(Event):
@@ -128,7 +128,7 @@ class ToolCallFailed(Event):
     error: ErrorInfo
     disposition: FailureDisposition
     fingerprint: str
-    duration_ms: int
+    duration_ms: float  # milliseconds (v1 wrote whole ones)
 
 
 class ToolCallOutcomeUnknown(Event):
@@ -172,7 +172,7 @@ class ToolCallJobStarted(Event):
     TYPE: ClassVar[str] = "ToolCallJobStarted"
     attempt: int
     job: JobInfo
-    duration_ms: int
+    duration_ms: float  # milliseconds (v1 wrote whole ones)
 
 
 class ToolCallJobProgressed(Event):

@@ -432,6 +432,118 @@ def replay(
         raise typer.Exit(1)
 
 
+BackendDataOption = Annotated[
+    Path | None, typer.Option("--data", help="Embedded ledger directory (or --postgres).")
+]
+BackendPostgresOption = Annotated[
+    str | None, typer.Option("--postgres", help="PostgreSQL URL of the read model (or --data).")
+]
+TenantOption = Annotated[
+    str | None, typer.Option("--tenant", help="Only this tenant's calls (default: every tenant).")
+]
+SinceOption = Annotated[
+    str | None,
+    typer.Option(help="Start of the window, inclusive: an ISO 8601 date or time (UTC if no zone)."),
+]
+UntilOption = Annotated[
+    str | None,
+    typer.Option(help="End of the window, exclusive: an ISO 8601 date or time (UTC if no zone)."),
+]
+
+
+@command()
+def report(
+    run: Annotated[str | None, typer.Option("--run", help="The run to evaluate.")] = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    form: Annotated[str, typer.Option("--format", help="json, md (Markdown) or html.")] = "json",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the report to this file (default: stdout).")
+    ] = None,
+    tenant: TenantOption = None,
+    data: BackendDataOption = None,
+    postgres: BackendPostgresOption = None,
+) -> None:
+    """The evaluation report of a run (--run), or of every run in a window (--since, --until):
+    argument validity, repeated calls, recoveries, order against the groups' dependencies,
+    budget and permission refusals, human rejections, UNKNOWNs, and the production metrics
+    (docs/evaluation.md)."""
+    from schemas.evaluation import FORMATS, render
+    from toolledger.analytics import AnalyticsError, read_side, window
+    from toolledger.analytics import report as evaluate
+
+    if postgres is not None:
+        _require("postgres", what="toolledger report --postgres")
+    try:
+        if form not in FORMATS:
+            raise AnalyticsError(f"--format {form!r}: give one of {', '.join(FORMATS)}")
+        if run is not None and (since is not None or until is not None):
+            raise AnalyticsError("give --run RUN_ID or a window (--since, --until), not both")
+        if run is None and (since is None or until is None):
+            raise AnalyticsError("give --run RUN_ID, or the window: --since and --until")
+        start, end = (None, None) if since is None or until is None else window(since, until)
+
+        async def go() -> str:
+            async with read_side(data, postgres) as reads:
+                found = await evaluate(reads, tenant_id=tenant, run_id=run, since=start, until=end)
+            return render(found, form)
+
+        text = asyncio.run(go())
+    except AnalyticsError as exc:
+        console.print(f"[red]{exc}[/]", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+
+
+@command()
+def export(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the files under.")],
+    since: SinceOption = None,
+    until: UntilOption = None,
+    form: Annotated[str, typer.Option("--format", help="parquet, csv or jsonl.")] = "parquet",
+    tenant: TenantOption = None,
+    data: BackendDataOption = None,
+    postgres: BackendPostgresOption = None,
+) -> None:
+    """Export the audit trail and the calls of a window as files partitioned by day
+    (OUT/tool_call_events/day=YYYY-MM-DD/part-0.parquet, and the same under OUT/tool_calls),
+    as the audit trail holds them (redacted); their schema is in
+    docs/data-dictionary.md#export."""
+    _require("export", what="toolledger export")
+    if postgres is not None:
+        _require("postgres", what="toolledger export --postgres")
+    from toolledger.analytics import EXPORT_FORMATS, AnalyticsError, read_side, window
+    from toolledger.analytics import export as write_export
+
+    try:
+        if form not in EXPORT_FORMATS:
+            raise AnalyticsError(f"--format {form!r}: give one of {', '.join(EXPORT_FORMATS)}")
+        if since is None or until is None:
+            raise AnalyticsError("give the window: --since and --until")
+        start, end = window(since, until)
+
+        async def go() -> dict[str, int]:
+            async with read_side(data, postgres) as reads:
+                return await write_export(
+                    reads,
+                    out,
+                    form,
+                    tenant_id=tenant,
+                    since=start,
+                    until=end,
+                )
+
+        written = asyncio.run(go())
+    except AnalyticsError as exc:
+        console.print(f"[red]{exc}[/]", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    for table, rows in written.items():
+        console.print(f"{table}: {rows} rows under {out / table}", markup=False)
+
+
 ServePrefixOption = Annotated[
     str, typer.Option("--prefix", help="Topic name prefix.", rich_help_panel=DISTRIBUTED_PANEL)
 ]

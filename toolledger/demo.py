@@ -185,7 +185,12 @@ async def _switch(client: LedgerClient, checks: Checks, key: str) -> None:
 def _target(request: ApprovalRequested) -> governance.ApprovalTarget:
     env = request.envelope
     return governance.ApprovalTarget(
-        request.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
+        request.approval_id,
+        env.tenant_id,
+        env.tool,
+        env.idempotency_key,
+        env.args_digest,
+        env.run_id,
     )
 
 
@@ -352,9 +357,7 @@ def _audit_table(ledger: EmbeddedLedger, keys: set[str]) -> Table:
     for seq, tool, event_type, payload in rows:
         event = json.loads(payload)
         key = str(event["envelope"].get("idempotency_key") or "")
-        table.add_row(
-            str(seq), tool, key if key in keys else key[:20], event_type, _detail(event)
-        )
+        table.add_row(str(seq), tool, key if key in keys else key[:20], event_type, _detail(event))
     return table
 
 

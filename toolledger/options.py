@@ -53,6 +53,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "kafka": ("aiokafka",),
     "postgres": ("psycopg", "psycopg_pool"),
     "mcp": ("mcp",),
+    "export": ("pyarrow", "duckdb"),
 }
 
 

@@ -59,12 +59,6 @@ async def exact_arguments(door: FrontDoor, view: ApprovalView) -> Any | None:
     return None
 
 
-def _target(view: ApprovalView) -> governance.ApprovalTarget:
-    return governance.ApprovalTarget(
-        view.approval_id, view.tenant_id, view.tool, view.idempotency_key, view.args_digest
-    )
-
-
 def _forbid(info: ErrorInfo | None) -> None:
     if info is not None:
         raise ProblemError(problem(info))
@@ -75,7 +69,7 @@ async def approve(door: FrontDoor, context: TrustedContext, view: ApprovalView) 
     _forbid(approve_refusal(context, view))
     decided_at = datetime.now(UTC)
     record, token = governance.approve(
-        _target(view), context.principal, decided_at, door.approval_token_ttl
+        governance.ApprovalTarget.of(view), context.principal, decided_at, door.approval_token_ttl
     )
     answer = await command(door, record)
     door.metrics.operator_actions.labels("approve").inc()
@@ -95,7 +89,9 @@ async def deny(
     """Deny ``view`` (a pending request) as ``context`` with ``reason``; 403 if it may not."""
     _forbid(deny_refusal(context, view))
     decided_at = datetime.now(UTC)
-    record = governance.deny(_target(view), context.principal, reason, decided_at)
+    record = governance.deny(
+        governance.ApprovalTarget.of(view), context.principal, reason, decided_at
+    )
     answer = await command(door, record)
     door.metrics.operator_actions.labels("deny").inc()
     update = {

@@ -287,3 +287,28 @@ def test_unknown_pages_wrong_methods_and_bad_links_are_pages(server: Server) -> 
         api = client.get("/v1/nope")
         assert api.status_code == 404
         assert api.headers["content-type"].startswith("application/problem+json")
+
+
+def test_a_runs_page_shows_its_evaluation_for_the_tenant_only(server: Server) -> None:
+    run = f"run-{uuid.uuid4().hex[:12]}"
+    for n in range(2):
+        made = httpx.post(
+            f"{server.base_url}/v1/tools/create_ticket/calls",
+            json={"arguments": {"title": "<b>same</b>"}, "run_id": run},
+            headers={**ACME.headers, "Idempotency-Key": f"{run}-{n}"},
+            timeout=60,
+        )
+        assert made.status_code == 200, made.text
+    with console(server) as client:
+        sign_in(client, ACME)
+        found = client.get("/console/runs", params={"run_id": run}, follow_redirects=True)
+        assert found.status_code == 200 and found.url.path == f"/console/runs/{run}"
+        page = found.text
+        assert f'Run <span class="id">{run}</span>' in page
+        assert "Repeated calls: the same arguments under different keys" in page
+        assert f"{run}-0, {run}-1" in page  # the two keys of the same arguments
+        assert "<b>same</b>" not in page
+    with console(server) as client:
+        sign_in(client, GLOBEX)
+        theirs = client.get(f"/console/runs/{run}").text
+        assert f"{run}-0" not in theirs and "<td>calls</td>" not in theirs

@@ -41,6 +41,7 @@ class KafkaHarness(Harness):
         self.executor: KafkaExecutor | None = None
         self.transport: KafkaTransport | None = None
         self.projection: PostgresProjection | None = None
+        self.dsn = ""  # the read model's database, once started
         self.projector: KafkaProjector | None = None
         self._client: LedgerClient | None = None
 
@@ -56,7 +57,8 @@ class KafkaHarness(Harness):
             self.transport = KafkaTransport(bootstrap, self.topics)
             await self.transport.start()
             self._client = LedgerClient(self.transport)
-            self.projection = PostgresProjection(await self.services.fresh_database())
+            self.dsn = await self.services.fresh_database()
+            self.projection = PostgresProjection(self.dsn)
             await self.projection.open()
             self.projector = KafkaProjector(bootstrap, self.topics, self.projection)
             await self.projector.start()

@@ -42,6 +42,7 @@ OPERATION_IDS = {
     ("post", "/v1/approval-requests/{approval_id}/deny"): "denyApprovalRequest",
     ("put", "/v1/tools/{tool}/switch"): "setToolSwitch",
     ("get", "/v1/stats"): "getStats",
+    ("get", "/v1/runs/{run_id}/report"): "getRunReport",
     ("get", "/healthz"): "healthz",
     ("get", "/readyz"): "readyz",
     ("get", "/metrics"): "metrics",

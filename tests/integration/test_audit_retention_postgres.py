@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.services
 OLD = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = datetime.now(UTC)
 LOCK = 0x746C_6175_6469_74  # projections.audit_retention's advisory lock
+OFFSETS = itertools.count()  # each event at a log position of its own
 
 
 async def _call(
@@ -46,9 +48,9 @@ async def _call(
         await conn.execute(
             "INSERT INTO tool_call_events (event_id, log_partition, log_offset, call_id, "
             "call_key, tenant_id, tool_name, idempotency_key, intent_id, event_type, "
-            "occurred_at, payload_json) VALUES (%s, 0, 0, %s, %s, 'acme', 't', %s, 'i', "
+            "occurred_at, payload_json) VALUES (%s, 0, %s, %s, %s, 'acme', 't', %s, 'i', "
             "'ToolCallSucceeded', %s, '{}')",
-            [f"{name}/{n}", name, f"key-{name}", name, at],
+            [f"{name}/{n}", next(OFFSETS), name, f"key-{name}", name, at],
         )
 
 

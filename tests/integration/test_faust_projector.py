@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import psycopg
 import pytest
@@ -18,8 +17,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from psycopg.conninfo import make_conninfo
 
 from bench.faust_projector import FaustProjector
-from processors.ledger import fold_all
-from processors.ledger.rows import call_row
 from projections.postgres import PostgresProjection, migrate
 from projections.projector import KafkaProjector
 from schemas.canonical import args_digest, canonical_json
@@ -34,7 +31,13 @@ from schemas.events import (
 )
 from schemas.keys import CallKey
 from schemas.topics import Topics
-from tests.integration.test_postgres_projection import eventually, produce, step
+from tests.integration.test_postgres_projection import (
+    calls_of,
+    eventually,
+    expected_calls,
+    produce,
+    step,
+)
 from toolledger.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.services
@@ -104,11 +107,6 @@ def calls(n: int, tag: str) -> list[Event]:
     return starts + ends
 
 
-def expected_calls(events: Sequence[Event]) -> list[dict[str, Any]]:
-    states = fold_all(events)
-    return sorted((call_row(k, s) for k, s in states.items()), key=lambda r: r["call_id"])
-
-
 def chunked(events: Sequence[Event], size: int) -> list[Sequence[Event]]:
     return [events[i : i + size] for i in range(0, len(events), size)]
 
@@ -168,7 +166,7 @@ async def test_faust_projector_catches_up_with_the_rows_of_the_aiokafka_projecto
         async with KafkaProjector(kafka_bootstrap, topics, plain, batch_max=64) as projector:
             await eventually("the aiokafka projector catches up", projector.caught_up)
         plain_rows = (
-            await plain.call_rows(),
+            await calls_of(plain),
             await plain.event_rows(),
             await plain.dead_letter_rows(),
         )
@@ -179,7 +177,7 @@ async def test_faust_projector_catches_up_with_the_rows_of_the_aiokafka_projecto
             await eventually("the faust projector catches up", projector_f.caught_up)
             assert projector_f.events_applied == len(events)
         faust_rows = (
-            await on_faust.call_rows(),
+            await calls_of(on_faust),
             await on_faust.event_rows(),
             await on_faust.dead_letter_rows(),
         )
@@ -215,7 +213,7 @@ async def test_faust_projector_starts_from_postgres_positions_not_kafka_offsets(
     async with PostgresProjection(await new_projection()) as projection:
         async with FaustProjector(kafka_bootstrap, topics, projection) as projector:
             await eventually("the faust projector catches up", projector.caught_up)
-            assert await projection.call_rows() == expected_calls(first)
+            assert await calls_of(projection) == expected_calls(first)
         stored = await projection.positions(topics.projector_group, topics.outcomes)
 
         await produce(kafka_bootstrap, topics, chunked(second, 50))
@@ -224,4 +222,4 @@ async def test_faust_projector_starts_from_postgres_positions_not_kafka_offsets(
             assert sought == {p: stored.get(p, 0) for p in range(topics.partitions)}
             await eventually("the faust projector catches up again", projector.caught_up)
             assert projector.records_read == len(second)  # nothing read twice
-        assert await projection.call_rows() == expected_calls(first + second)
+        assert await calls_of(projection) == expected_calls(first + second)

@@ -36,7 +36,13 @@ from projections.postgres import (
     migrate,
 )
 from projections.projector import KafkaProjector, rebuild
-from projections.rows import EVENT_COLUMNS, Position, audit_payload
+from projections.rows import (
+    ANALYTICS_COLUMNS,
+    EVENT_COLUMNS,
+    Position,
+    audit_payload,
+    latest_durations,
+)
 from projections.sqlite import SqliteCalls
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
@@ -239,12 +245,20 @@ def positioned(
 
 
 def expected_calls(events: Iterable[Event]) -> list[dict[str, Any]]:
-    """The ``tool_calls`` rows the fold of ``events`` gives (first occurrence of an id wins)."""
+    """The ``tool_calls`` rows the fold of ``events`` gives (first occurrence of an id wins),
+    :func:`normalised`."""
     first: dict[str, Event] = {}
     for event in events:
         first.setdefault(event.event_id, event)
     states: dict[str, CallState] = fold_all(first.values())
-    return sorted((call_row(k, s) for k, s in states.items()), key=lambda r: r["call_id"])
+    durations = latest_durations({}, first.values())
+    rows = (call_row(k, s) | {"duration_ms": durations.get(k)} for k, s in states.items())
+    return normalised(sorted(rows, key=lambda r: r["call_id"]))
+
+
+async def calls_of(projection: PostgresProjection) -> list[dict[str, Any]]:
+    """The ``tool_calls`` rows as :func:`expected_calls` gives them."""
+    return normalised(await projection.call_rows())
 
 
 # ------------------------------------------------------------------------------- fixtures
@@ -307,7 +321,8 @@ async def eventually(
 
 
 def normalised(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows with their times as aware datetimes in UTC (SQLite keeps ISO text)."""
+    """Rows with their times as aware datetimes in UTC (SQLite keeps ISO text) and their JSON
+    columns parsed (PostgreSQL's jsonb spells a document its own way)."""
     out = []
     for row in rows:
         row = dict(row)
@@ -317,6 +332,9 @@ def normalised(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 value = datetime.fromisoformat(value)
             if isinstance(value, datetime):
                 row[name] = value.astimezone(UTC)
+        for name in ("result_json", "error_json", "state_json", "payload_json"):
+            if isinstance(row.get(name), str):
+                row[name] = json.loads(row[name])
         out.append(row)
     return out
 
@@ -339,7 +357,10 @@ async def test_migrate_twice_applies_nothing_the_second_time(dsn: str) -> None:
                 "WHERE table_schema = current_schema() AND table_name = %s",
                 (table,),
             )
-            assert {r[0] for r in await cur.fetchall()} - {"seq"} == set(columns)
+            assert {r[0] for r in await cur.fetchall()} - {"seq"} == {
+                *columns,
+                *ANALYTICS_COLUMNS,
+            }
 
 
 async def test_concurrent_migrations_apply_each_version_once(dsn: str) -> None:
@@ -372,7 +393,7 @@ async def test_apply_folds_a_realistic_history(projection: PostgresProjection) -
     assert set(rows) == {str(ok.key), str(retried.key), str(same_key_other_tenant.key)}
     r_ok = rows[str(ok.key)]
     assert (r_ok["status"], r_ok["attempts"], r_ok["rounds"]) == ("SUCCEEDED", 1, 1)
-    assert r_ok["result_json"] == events[1].result_json  # type: ignore[attr-defined]
+    assert json.loads(r_ok["result_json"]) == json.loads(events[1].result_json)  # type: ignore[attr-defined]
     assert r_ok["last_event_id"] == "ok-i1/1"  # the replay changes nothing
     assert r_ok["error_json"] is None
     r_retried = rows[str(retried.key)]
@@ -407,7 +428,7 @@ async def test_batches_split_anywhere_give_the_same_rows(projection: PostgresPro
     # overlapping, redelivered and duplicated chunks, in log order
     for lo, hi in ((0, 7), (3, 30), (30, 31), (10, 80), (80, len(batch)), (0, len(batch))):
         await projection.apply(batch[lo:hi] + batch[lo:hi], CONSUMER, TOPIC)
-    assert await projection.call_rows() == expected_calls(events)
+    assert await calls_of(projection) == expected_calls(events)
     assert len(await projection.event_rows()) == len(events)
 
 
@@ -467,17 +488,20 @@ async def test_postgres_rows_equal_sqlite_rows(projection: PostgresProjection) -
     for pg, sq in zip(pg_calls, normalised(lite_calls), strict=True):
         for column in CALL_COLUMNS:
             assert pg[column] == sq[column], (column, pg["call_key"])
-    pg_events = normalised(await projection.event_rows())
+    pg_rows = await projection.event_rows()
+    pg_events = normalised(pg_rows)
     assert len(pg_events) == len(events)
-    for pg, sq in zip(pg_events, normalised(lite_events), strict=True):
+    for raw, pg, lite_row, sq in zip(
+        pg_rows, pg_events, lite_events, normalised(lite_events), strict=True
+    ):
         # the embedded file's audit position is its log's (seq), and its row reads the whole
         # event from the log: the same event as PostgreSQL's row holds
         for column in EVENT_COLUMNS:
             if column not in ("log_offset", "payload_json"):
                 assert pg[column] == sq[column], (column, pg["event_id"])
-        assert audit_payload(pg) == audit_payload(sq), pg["event_id"]
+        assert audit_payload(raw) == audit_payload(lite_row), pg["event_id"]
     # and both equal the fold of the log
-    assert normalised(expected_calls(events)) == pg_calls
+    assert expected_calls(events) == pg_calls
 
 
 async def test_dead_letters_are_recorded_once(projection: PostgresProjection) -> None:
@@ -668,7 +692,7 @@ async def test_projector_follows_the_log_and_rebuild_equals_live(
 
     async with KafkaProjector(kafka_bootstrap, topics, projection, batch_max=64) as projector:
         await caught_up(projector)
-        assert await projection.call_rows() == expected_calls(first)
+        assert await calls_of(projection) == expected_calls(first)
         audit = await projection.event_rows()
         assert sorted(r["event_id"] for r in audit) == sorted({e.event_id for e in first})
         assert not any(r["event_id"].startswith("aborted") for r in audit)
@@ -683,7 +707,7 @@ async def test_projector_follows_the_log_and_rebuild_equals_live(
         second = workload(60, "b")
         await produce(kafka_bootstrap, topics, chunked(second, 25))
         await caught_up(projector)
-        assert await projection.call_rows() == expected_calls(first + second)
+        assert await calls_of(projection) == expected_calls(first + second)
 
     live = (
         await projection.call_rows(),
@@ -732,7 +756,7 @@ async def test_projector_killed_mid_way_resumes_without_gaps_or_duplicates(
             assert done == [e.event_id for e in log[: len(done)]], f"gap in partition {partition}"
             if done:
                 assert applied[done[-1]]["log_offset"] < stored[partition]
-        assert await projection.call_rows() == expected_calls(
+        assert await calls_of(projection) == expected_calls(
             e for e in events if e.event_id in applied
         )
         progress.append(len(applied))
@@ -740,7 +764,7 @@ async def test_projector_killed_mid_way_resumes_without_gaps_or_duplicates(
 
     async with KafkaProjector(kafka_bootstrap, topics, projection) as projector:
         await caught_up(projector)
-    assert await projection.call_rows() == expected_calls(events)
+    assert await calls_of(projection) == expected_calls(events)
     audit = await projection.event_rows()
     assert len(audit) == len(events) == len({r["event_id"] for r in audit})
 
@@ -773,7 +797,7 @@ async def test_projector_rides_out_a_database_outage(
                 proxy.restore()
                 await caught_up(projector)
                 assert projector.unavailable >= 2
-            assert await projection.call_rows() == expected_calls(events)
+            assert await calls_of(projection) == expected_calls(events)
             assert len(await projection.event_rows()) == len(events)
     finally:
         await proxy.close()

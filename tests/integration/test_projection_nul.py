@@ -1,5 +1,7 @@
 """A NUL in an id (PostgreSQL text cannot hold one) is stored as U+FFFD in every text column
-of both tables, and the JSON columns keep it escaped: the projection never stops on it."""
+of both tables, and in the JSON columns (jsonb cannot hold U+0000 either, escaped or not),
+while a JSON text that only spells a backslash before "u0000" keeps it: the projection never
+stops on it."""
 
 from __future__ import annotations
 
@@ -38,11 +40,28 @@ async def test_a_nul_in_ids_is_stored_as_a_replacement_character(
     row = calls["key\ufffdone"]
     assert (row["tenant_id"], row["tool_name"]) == ("ten\ufffdant", "send\ufffdmail")
     assert row["last_intent_id"] == "in\ufffdtent" and row["status"] == "SUCCEEDED"
-    assert json.loads(row["state_json"])["context"]["tool"] == "send\x00mail"
+    assert json.loads(row["state_json"])["context"]["tool"] == "send\ufffdmail"
     assert calls["key-two"]["tool_name"] == "send_mail"
     stored = {r["event_id"]: r for r in await projection.event_rows()}
     assert set(stored) == {"in\ufffdtent/0", "in\ufffdtent/1", "intent-2/0"}
     assert stored["in\ufffdtent/1"]["intent_id"] == "in\ufffdtent"
     assert json.loads(stored["in\ufffdtent/1"]["payload_json"])["envelope"]["intent_id"] == (
-        "in\x00tent"
+        "in\ufffdtent"
     )
+
+
+async def test_an_escaped_backslash_before_u0000_is_not_a_nul(
+    projection: PostgresProjection,  # noqa: F811 (the imported fixture)
+) -> None:
+    h = History()
+    call = Call.of("tenant", "send_mail", "key-three")
+    succeeded = h.succeeded(call, "intent-3", 1, 1).model_copy(
+        update={"result_json": '{"path":"C:\\\\u0000","nul":"\\u0000"}'}
+    )
+    await projection.apply(
+        [(h.started(call, "intent-3", 0, 1), Position(0, 0)), (succeeded, Position(0, 1))],
+        CONSUMER,
+        TOPIC,
+    )
+    (row,) = await projection.call_rows()
+    assert json.loads(row["result_json"]) == {"path": "C:\\u0000", "nul": "\ufffd"}

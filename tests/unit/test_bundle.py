@@ -59,6 +59,27 @@ PINNED: dict[tuple[int, str], str] = {
     (2, "ToolCallSucceeded"): "1524d5306f8010b6",
     (2, "ToolDisabled"): "5383a5c16eca0b15",
     (2, "ToolEnabled"): "78df111f9430d0fc",
+    # v3: duration_ms became a double in ToolCallSucceeded, ToolCallFailed, ToolCallJobStarted
+    (3, "ApprovalConsumed"): "2609aa17523ffcae",
+    (3, "ApprovalDenied"): "824da0a37129320e",
+    (3, "ApprovalGranted"): "6985201c8908993b",
+    (3, "ApprovalRequested"): "cdda89e9ea7820ed",
+    (3, "ToolCallFailed"): "017fa24e8739ea7a",
+    (3, "ToolCallJobCancelRequested"): "a2dce0f631b49e0f",
+    (3, "ToolCallJobProgressed"): "5ff21b43bb81cf30",
+    (3, "ToolCallJobReplayed"): "6c65b489634c0189",
+    (3, "ToolCallJobReported"): "b9786c99cef8b3a4",
+    (3, "ToolCallJobStarted"): "7dac6f0d9a564d5e",
+    (3, "ToolCallKeyExpired"): "6d1fa5bc52529637",
+    (3, "ToolCallOutcomeUnknown"): "c55ca2990161be0d",
+    (3, "ToolCallReconciled"): "eff82e6c112b7373",
+    (3, "ToolCallRejected"): "5950979ee150604e",
+    (3, "ToolCallReplayed"): "430b13734d7ba055",
+    (3, "ToolCallRequested"): "43aa3eeeae583ee2",
+    (3, "ToolCallStarted"): "d1532875cbee71bb",
+    (3, "ToolCallSucceeded"): "31f6ed452d09ccbf",
+    (3, "ToolDisabled"): "5383a5c16eca0b15",
+    (3, "ToolEnabled"): "78df111f9430d0fc",
 }
 
 

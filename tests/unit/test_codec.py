@@ -467,8 +467,9 @@ def test_trailing_bytes(garbage: bytes) -> None:
 
 
 def test_corrupt_body_is_translated() -> None:
-    data = bytearray(codec.encode(SAMPLES[5]))  # ToolCallFailed: has an enum
-    data[-1] = 0xFF  # duration_ms: the varint now wants another byte
+    data = bytearray(codec.encode(SAMPLES[8]))  # ToolCallKeyExpired: has an enum
+    assert isinstance(SAMPLES[8], ToolCallKeyExpired)
+    data[-1] = 0xFF  # retention_s: the varint now wants another byte
     with pytest.raises(TruncatedOrCorrupt):
         codec.decode(bytes(data))
     # an invalid UTF-8 string: event_id is the first field, after its length byte

@@ -68,6 +68,7 @@ OPTIONAL = {
     "anthropic": {"anthropic"},
     "faust": {"faust-streaming"},
     "speed": {"uvloop"},
+    "export": {"pyarrow", "duckdb"},
 }
 
 

@@ -223,6 +223,7 @@ class ToolCallSucceededV2(ToolCallSucceeded):
 
 def test_v2_overlay_adds_a_field_with_a_default(root: Path) -> None:
     """v2/ holds only the changed file; v1 bytes still decode, with the new field defaulted."""
+    v1 = codec.Codec(root)  # the committed v1 alone
     succeeded = _avsc(root, 1, "ToolCallSucceeded")
     succeeded["fields"].append({"name": "retries_left", "type": "long", "default": 3})
     _write_avsc(root, 2, "ToolCallSucceeded", succeeded)
@@ -233,7 +234,7 @@ def test_v2_overlay_adds_a_field_with_a_default(root: Path) -> None:
     assert set(c.versions[2]) == set(EVENTS_BY_TYPE)  # the overlay keeps the unchanged records
     assert c.versions[2]["ToolCallRejected"] == c.versions[1]["ToolCallRejected"]
 
-    v1_bytes = codec.encode(_sample_succeeded())  # written by today's (v1) codec
+    v1_bytes = v1.encode(_sample_succeeded())  # written by a v1 codec
     decoded = c.decode(v1_bytes)
     assert isinstance(decoded, ToolCallSucceededV2)
     assert decoded.retries_left == 3

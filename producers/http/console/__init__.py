@@ -7,7 +7,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from producers.http.console import approvals, calls, docs, groups, signin, stats, switches
+from producers.http.console import (
+    approvals,
+    calls,
+    docs,
+    groups,
+    runs,
+    signin,
+    stats,
+    switches,
+)
 from producers.http.console.charts import History
 from producers.http.console.guard import http_error_page
 from producers.http.console.pages import STATIC
@@ -22,7 +31,7 @@ def install(app: FastAPI, settings: SessionSettings | None = None) -> None:
     no page has, or a method it does not take, is answered with a page (404, 405)."""
     app.state.console_sessions = SessionStore(settings or SessionSettings.from_env())
     app.state.console_stats = History()
-    for module in (signin, calls, approvals, switches, stats, groups, docs):
+    for module in (signin, calls, approvals, switches, stats, groups, runs, docs):
         app.include_router(module.router)
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
     for status in (404, 405):
