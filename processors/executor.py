@@ -821,7 +821,7 @@ class Executor:
                 context=ctx,
                 attempt=action.attempt,
                 outcome=done.outcome,  # type: ignore[arg-type]
-                duration_ms=int(done.duration_ms),
+                duration_ms=done.duration_ms,
                 arguments_redacted_json=admitted.redacted_json,
                 policy=policy,
                 now=now,

@@ -437,7 +437,7 @@ class Stages:
                 attempt=1,
                 result_json=outcome.result_json,
                 downstream_request_id=outcome.downstream_request_id,
-                duration_ms=int(duration_ms),
+                duration_ms=duration_ms,
             )
         error = (
             outcome.error
@@ -453,7 +453,7 @@ class Stages:
             error=error,
             disposition=FailureDisposition.FINAL,
             fingerprint="",
-            duration_ms=int(duration_ms),
+            duration_ms=duration_ms,
         )
 
 

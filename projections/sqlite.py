@@ -115,6 +115,9 @@ GOVERNANCE_VIEWS = (
     "switch_changes",
     "call_event_facts",
     *governance.PORTABLE_VIEWS,
+    "call_day_facts",
+    "event_day_facts",
+    "tool_metrics_daily",
 )
 GOVERNANCE_DDL = f"""
 {"".join(f"DROP VIEW IF EXISTS {v};" for v in reversed(GOVERNANCE_VIEWS))}
@@ -149,6 +152,19 @@ SELECT seq, tenant_id, tool_name, run_id, intent_id, event_type,
  WHERE event_type NOT IN ({_SWITCH_TYPES});
 """
 GOVERNANCE_DDL += governance.portable_views(_NOW)
+# the day facts in SQLite's dialect (days in UTC), under the daily metrics written once for both
+# databases (migration 0008 for PostgreSQL)
+GOVERNANCE_DDL += f"""
+CREATE VIEW call_day_facts AS
+SELECT tenant_id, tool_name, substr({_utc_text("created_at")}, 1, 10) AS day, status, run_id
+  FROM tool_calls;
+CREATE VIEW event_day_facts AS
+SELECT tenant_id, tool_name, substr({_utc_text("occurred_at")}, 1, 10) AS day, intent_id,
+       event_type, {_payload("error.code")} AS error_code, {_payload("duration_ms")} AS duration_ms
+  FROM tool_call_events
+ WHERE event_type NOT IN ({_SWITCH_TYPES});
+"""
+GOVERNANCE_DDL += governance.DAILY_VIEWS_SQL
 
 
 DDL = AUDIT_DDL + GOVERNANCE_DDL

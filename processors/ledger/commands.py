@@ -142,7 +142,7 @@ class AttemptFinished:
     context: CallContext
     attempt: int
     outcome: AttemptOutcome
-    duration_ms: int
+    duration_ms: float  # milliseconds
     arguments_redacted_json: str
     policy: Policy
     now: datetime
