@@ -145,7 +145,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producers.adapters import (
     ToolSpec,
@@ -173,6 +173,7 @@ from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import ApprovalRequested
 from schemas.groups import GroupService
 from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
+from schemas.nesting import NestingTooDeep, check_depth, check_text_depth
 
 log = logging.getLogger("toolledger.mcp")
 
@@ -505,6 +506,57 @@ class BearerAuth:
         await send({"type": "http.response.body", "body": body})
 
 
+# where arguments sit deepest in a request: params.arguments.steps[i].arguments of a group
+_DEEPEST_ARGUMENTS = 5
+
+
+class NestingGuard:
+    """ASGI wrapper of the MCP endpoint: a request nested deeper than any tool call's
+    arguments may be (``schemas.nesting``) is refused whole with ``400`` and a JSON-RPC
+    error naming the limit, before the SDK's parser reads it (which fails on its own, with no
+    limit named, at about 200 levels). Shallower arguments reach the tools, which answer
+    ``VALIDATION_FAILED``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        body = bytearray()
+        while True:  # the SDK reads the whole body too: this holds it no longer
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        try:
+            check_text_depth(bytes(body), "a tool call's arguments", envelope=_DEEPEST_ARGUMENTS)
+        except NestingTooDeep as exc:
+            error = {"code": types.INVALID_PARAMS, "message": str(exc)}
+            payload = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(payload)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": payload})
+            return
+        buffered = iter(messages)
+
+        async def replay() -> Message:
+            return next(buffered, None) or await receive()
+
+        await self.app(scope, replay, send)
+
+
 def session_context(
     ctx: ServerRequestContext[Any, Any], fixed: TrustedContext | None
 ) -> TrustedContext | None:
@@ -797,6 +849,10 @@ class LedgerMcpServer:
             return _tool_result(
                 refusal(ErrorCode.UNAUTHENTICATED, "This session is not authenticated.")
             )
+        try:
+            check_depth(sent)
+        except NestingTooDeep as exc:
+            return _tool_result(refusal(ErrorCode.VALIDATION_FAILED, str(exc)))
         meta: Mapping[str, Any] | None = params.meta
 
         async def attempt() -> CallResult:
@@ -988,7 +1044,7 @@ class LedgerMcpServer:
             stateless=stateless,
             security_settings=transport_security,
         )
-        endpoint = BearerAuth(StreamableHTTPASGIApp(manager), authenticator)
+        endpoint = BearerAuth(NestingGuard(StreamableHTTPASGIApp(manager)), authenticator)
 
         async def healthz(request: Request) -> JSONResponse:
             return JSONResponse({"status": "ok"})

@@ -12,9 +12,10 @@ or empty path takes the whole result. An object with a ``"$from"`` key is always
 (there is no escape for a literal object with that key).
 
 :func:`parse_group` refuses, with field errors and before anything runs: a malformed body,
-more than ``max_steps`` steps, duplicate step ids, unknown tools, references (``depends_on``
-or ``$from``) to unknown steps, malformed references, dependency cycles (a self-dependency
-too), and literal arguments that fail their tool's validation. Arguments holding references
+more than ``max_steps`` steps, arguments nested deeper than ``schemas.nesting.MAX_DEPTH``
+levels, duplicate step ids, unknown tools, references (``depends_on`` or ``$from``) to
+unknown steps, malformed references, dependency cycles (a self-dependency too), and literal
+arguments that fail their tool's validation. Arguments holding references
 are validated as submitted, references in place, and a field error that the referenced value
 could change is dropped: one at a reference or inside it, or a custom validator's error
 (``value_error``, ``assertion_error``) on an object that contains a reference. Every other
@@ -40,6 +41,7 @@ from processors.groups.facts import StepTool, field_errors
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import STEP_ID_PATTERN, compensation_key, step_key
+from schemas.nesting import NestingTooDeep, check_depth
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -311,6 +313,12 @@ def parse_group(
                         "unknown_step",
                     )
                 )
+        try:
+            check_depth(s.arguments, "this step's arguments")
+        except NestingTooDeep as exc:
+            errors.append(_fe(f"{prefix}.arguments", str(exc), "too_deep"))
+            scanned.append(None)
+            continue
         refs: list[Reference] = []
         ref_errors: list[tuple[Loc, str, str]] = []
         held: list[Loc] = []  # where the references are, malformed ones too

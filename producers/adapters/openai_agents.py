@@ -85,6 +85,7 @@ from producers.approvals import (
 from producers.client import Caller, CallResult, TrustedContext
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode
+from schemas.nesting import NestingTooDeep, check_text_depth
 
 __all__ = ["LedgerRun", "function_tool", "function_tools", "ledger_run_of"]
 
@@ -268,7 +269,10 @@ class _ToolCalls:
         if waiting is not None:  # the SDK invokes it only once the application approved it
             return await waiting.settle(Approve())
         try:
+            check_text_depth(raw_arguments or "{}")
             arguments = json.loads(raw_arguments or "{}")
+        except NestingTooDeep as exc:
+            return refusal(ErrorCode.VALIDATION_FAILED, str(exc))
         except ValueError as exc:
             return refusal(ErrorCode.VALIDATION_FAILED, f"The arguments are not valid JSON: {exc}")
         return _for_model(await self._call(arguments, run, step_id))

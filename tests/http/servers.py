@@ -223,7 +223,8 @@ class Server:
         return self._query("SELECT COUNT(*) FROM effects WHERE idempotency_key = ?", (key,))
 
 
-def start_embedded(workdir: Path) -> Server:
+def start_embedded(workdir: Path, *extra: str) -> Server:
+    """``toolledger serve`` (with ``extra`` options) on a new data directory."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     data = workdir / "data"
@@ -231,7 +232,7 @@ def start_embedded(workdir: Path) -> Server:
     server = Server("embedded", f"http://127.0.0.1:{port}", data / "helpdesk.db", 5.0)
     server.ledger_db = data / "ledger.db"
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--data", str(data), "--tokens", str(tokens)]
+    args += ["--data", str(data), "--tokens", str(tokens), *extra]
     server.processes.append(spawn("server", args, workdir))
     try:
         server.wait_ready()
@@ -242,11 +243,15 @@ def start_embedded(workdir: Path) -> Server:
 
 
 def start_distributed(
-    workdir: Path, services: Services, *, front: str = "serve", prefix: str | None = None
+    workdir: Path,
+    services: Services,
+    *extra: str,
+    front: str = "serve",
+    prefix: str | None = None,
 ) -> Server:
-    """Executor + projector + front door on fresh topics (or on the topics of ``prefix``,
-    made beforehand) and a fresh database; ``front`` ``"mcp"``: ``toolledger mcp --transport
-    http`` instead of ``serve``."""
+    """Executor + projector + front door (with ``extra`` options) on fresh topics (or on the
+    topics of ``prefix``, made beforehand) and a fresh database; ``front`` ``"mcp"``:
+    ``toolledger mcp --transport http`` instead of ``serve``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     dsn = asyncio.run(services.fresh_database())
@@ -278,7 +283,7 @@ def start_distributed(
         args = ["serve"] if front == "serve" else ["mcp", "--transport", "http"]
         args += ["--host", "127.0.0.1", "--port", str(port)]
         args += ["--data", str(workdir / "server"), "--tokens", str(tokens)]
-        args += [*common, "--postgres", dsn]
+        args += [*common, "--postgres", dsn, *extra]
         if front == "mcp":
             server.ready_path = "/healthz"
         server.processes.append(spawn("server", args, workdir))
