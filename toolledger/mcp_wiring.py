@@ -275,7 +275,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 algorithms=security.jwt_algorithms,
                 claims=security.jwt_claims,
             )
-            new_ledger = options.creates(data, create)
+            new_ledger = options.creates(data, create, embedded=kafka is None)
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
             options.key_retention(registry, key_retention)
