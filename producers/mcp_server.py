@@ -165,7 +165,8 @@ from producers.approvals import (
 )
 from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
-from producers.http.auth import Authenticator, AuthFailure
+from producers.http.auth import Authenticator, AuthFailure, Throttled, throttled_check
+from producers.http.ratelimit import AuthThrottle
 from producers.mcp_groups import GROUP_TOOLS, McpGroups
 from producers.mcp_tasks import McpTasks
 from schemas.calls import CallQueries
@@ -454,14 +455,33 @@ class BearerAuth:
 
     Authenticated: ``scope["user"]`` is a :class:`SessionUser` (the SDK binds sessions to
     it) and ``scope["auth"]`` its scopes. Otherwise ``401`` before any MCP processing, with
-    the authenticator's reason (never the token) in ``error_description`` and in the log."""
+    the authenticator's reason (never the token) in ``error_description`` and in the log;
+    ``429`` with ``Retry-After``, the token unchecked, while ``throttle`` holds the client's
+    address back after too many refused tokens."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, throttle: AuthThrottle) -> None:
         self.app = app
         self.authenticator = authenticator
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        checked = self.authenticator.check(Headers(scope=scope).get("authorization"))
+        client = scope.get("client")
+        checked = throttled_check(
+            self.authenticator,
+            self.throttle,
+            client[0] if client else None,
+            Headers(scope=scope).get("authorization"),
+        )
+        if isinstance(checked, Throttled):
+            log.warning(
+                "authentication throttled",
+                extra={"client": client[0] if client else None, "path": scope.get("path")},
+            )
+            body = json.dumps({"error": "rate_limited", "error_description": checked.detail})
+            await _send_json(
+                send, 429, body.encode(), [(b"retry-after", b"%d" % checked.retry_after_s)]
+            )
+            return
         if isinstance(checked, AuthFailure):
             await self._refuse(scope, send, checked)
             return
@@ -491,19 +511,25 @@ class BearerAuth:
             else f'Bearer error="invalid_token", error_description="{detail}"'
         )
         payload = json.dumps({"error": "invalid_token", "error_description": failure.detail})
-        body = payload.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", challenge.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _send_json(send, 401, payload.encode(), [(b"www-authenticate", challenge.encode())])
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A whole JSON response, sent by an ASGI wrapper before the app."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 # where arguments sit deepest in a request: params.arguments.steps[i].arguments of a group
@@ -537,17 +563,7 @@ class NestingGuard:
         except NestingTooDeep as exc:
             error = {"code": types.INVALID_PARAMS, "message": str(exc)}
             payload = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(payload)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
+            await _send_json(send, 400, payload, [])
             return
         buffered = iter(messages)
 
@@ -1021,6 +1037,7 @@ class LedgerMcpServer:
         self,
         authenticator: Authenticator,
         *,
+        throttle: AuthThrottle,
         path: str = DEFAULT_PATH,
         host: str = "127.0.0.1",
         json_response: bool = False,
@@ -1029,7 +1046,8 @@ class LedgerMcpServer:
     ) -> Starlette:
         """A Starlette app serving streamable HTTP at ``path`` (Bearer tokens checked with
         ``authenticator``: a :class:`producers.http.auth.TokenStore`, or the HTTP API's
-        ``FrontDoor.authenticator`` for JWTs as well) and an unauthenticated ``GET
+        ``FrontDoor.authenticator`` for JWTs as well, and held back by ``throttle``, the HTTP
+        API's, after too many refused tokens from one address) and an unauthenticated ``GET
         /healthz``. Run its lifespan (uvicorn does)."""
         if transport_security is None and host in ("127.0.0.1", "localhost", "::1"):
             # the SDK's own default for loopback servers: DNS rebinding protection
@@ -1044,7 +1062,7 @@ class LedgerMcpServer:
             stateless=stateless,
             security_settings=transport_security,
         )
-        endpoint = BearerAuth(NestingGuard(StreamableHTTPASGIApp(manager)), authenticator)
+        endpoint = BearerAuth(NestingGuard(StreamableHTTPASGIApp(manager)), authenticator, throttle)
 
         async def healthz(request: Request) -> JSONResponse:
             return JSONResponse({"status": "ok"})
