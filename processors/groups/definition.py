@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -56,6 +56,7 @@ __all__ = [
     "Step",
     "call_intent_id",
     "compensation_key",
+    "missing_scopes",
     "parse_group",
     "resolve_arguments",
     "step_key",
@@ -376,6 +377,23 @@ def parse_group(
             )
         )
     return GroupDefinition(parsed.run_id, OnFailure(parsed.on_failure), tuple(steps))
+
+
+def missing_scopes(definition: GroupDefinition, scopes: Collection[str]) -> tuple[FieldError, ...]:
+    """One field error (``steps.<i>.tool``, type ``forbidden``) per step whose tool needs a
+    scope that ``scopes`` (the submitter's) lacks: such a group is refused before anything is
+    stored, as each of its steps would be."""
+    held = set(scopes)
+    return tuple(
+        _fe(
+            f"steps.{s.index}.tool",
+            f"{s.tool} needs the scope(s) {sorted(s.facts.scopes - held)}, which this caller "
+            "lacks.",
+            "forbidden",
+        )
+        for s in definition.steps
+        if not s.facts.scopes <= held
+    )
 
 
 def _loc(prefix: str, loc: Loc) -> str:

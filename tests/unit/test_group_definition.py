@@ -21,6 +21,7 @@ from processors.groups import (
     ToolFacts,
     call_intent_id,
     compensation_key,
+    missing_scopes,
     parse_group,
     resolve_arguments,
     step_key,
@@ -433,6 +434,31 @@ def test_step_arguments_at_the_limit_reach_the_tool_validation() -> None:
     assert refused(body(step("a", "notify", {"to": deep}))) == [
         ("steps.0.arguments.to", "string_type")
     ]
+
+
+def test_the_scopes_a_groups_steps_need_are_listed_per_step() -> None:
+    scoped = {
+        **TOOLS,
+        "notify": ToolFacts.of_model(NotifyArgs, scopes=frozenset({"tools:call"})),
+        "charge_card": ToolFacts.of_model(
+            ChargeArgs, irreversible=True, scopes=frozenset({"tools:call", "payments"})
+        ),
+    }
+    group = parsed(
+        body(
+            step("a", "notify"),
+            step("b", "charge_card", {"ticket_id": "T-1", "amount_cents": 5}),
+            step("c", "create_ticket", {"title": "no scope needed"}),
+        ),
+        scoped,
+    )
+    assert missing_scopes(group, {"tools:call", "payments"}) == ()
+    assert [(e.loc, e.type) for e in missing_scopes(group, {"tools:call"})] == [
+        ("steps.1.tool", "forbidden")
+    ]
+    only_reports = missing_scopes(group, {"jobs:report"})
+    assert [e.loc for e in only_reports] == ["steps.0.tool", "steps.1.tool"]
+    assert "['payments', 'tools:call']" in only_reports[1].msg
 
 
 def test_fields_holding_references_are_left_to_run_time() -> None:
