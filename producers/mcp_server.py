@@ -154,6 +154,7 @@ from producers.adapters import (
     index_tools,
     refusal,
 )
+from producers.approval_rules import confirmed_in_person
 from producers.approvals import (
     Approvals,
     Approve,
@@ -897,7 +898,10 @@ class LedgerMcpServer:
             if isinstance(answer, types.InputRequiredResult):
                 return answer
             if answer is not None:
-                decided = await decide(self.approvals, request, context, _confirmation(answer))
+                # the client asked its human: the user's own answer, whatever the token holds
+                decided = await decide(
+                    self.approvals, request, confirmed_in_person(context), _confirmation(answer)
+                )
                 result = (
                     await attempt()
                     if decided.error is None

@@ -52,6 +52,8 @@ JOB_REPORTER = Token(f"jobs-{uuid.uuid4().hex}", "acme", "export-worker", ("jobs
 GLOBEX_REPORTER = Token(f"gjobs-{uuid.uuid4().hex}", "globex", "g-worker", ("jobs:report",))
 # another user of alice's tenant: may not decide what alice's agent asked for
 CAROL = Token(f"carol-{uuid.uuid4().hex}", "acme", "carol", ("tools:call",))
+# alice's own credential (ACME is her agent's): confirms what her agent asked for
+ALICE_CONFIRM = Token(f"alice-{uuid.uuid4().hex}", "acme", "alice", ("approvals:confirm",))
 TOKENS = (
     ACME,
     GLOBEX,
@@ -62,6 +64,7 @@ TOKENS = (
     JOB_REPORTER,
     GLOBEX_REPORTER,
     CAROL,
+    ALICE_CONFIRM,
 )
 
 
