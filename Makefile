@@ -16,21 +16,26 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolledger demo
 
-# The HTTP API on the embedded backend (data in .toolledger-dev/), with fresh dev tokens: an
-# agent's (tools:call) and an operator's (four eyes: another principal approves).
+# The HTTP API on the embedded backend (data in .toolledger-dev/, a new ledger only in a new
+# directory), with fresh dev tokens: alice's agent's (tools:call), alice's own
+# (approvals:confirm: what her agent asked, she confirms) and an operator's (four eyes).
 DEV_DIR    := .toolledger-dev
 SERVE_HOST ?= 127.0.0.1
 SERVE_PORT ?= 8080
 serve: $(STAMP)
 	@mkdir -p $(DEV_DIR)/data
 	@umask 077; agent=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
+	user=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
 	operator=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))'); \
-	printf '{"tokens": [{"token": "%s", "tenant": "dev", "principal": "agent", "scopes": ["tools:call"]}, {"token": "%s", "tenant": "dev", "principal": "operator", "scopes": ["operator"]}]}\n' \
-	  "$$agent" "$$operator" > $(DEV_DIR)/tokens.json; \
+	printf '{"tokens": [{"token": "%s", "tenant": "dev", "principal": "alice", "scopes": ["tools:call"]}, {"token": "%s", "tenant": "dev", "principal": "alice", "scopes": ["approvals:confirm"]}, {"token": "%s", "tenant": "dev", "principal": "operator", "scopes": ["operator"]}]}\n' \
+	  "$$agent" "$$user" "$$operator" > $(DEV_DIR)/tokens.json; \
 	url=http://$(SERVE_HOST):$(SERVE_PORT); \
 	echo "dev tokens (tenant 'dev', new on every 'make serve'; the file is re-read while serving):"; \
 	echo "  AGENT=$$agent"; \
+	echo "  USER=$$user"; \
 	echo "  OPERATOR=$$operator"; \
+	echo "(AGENT: alice's agent calls tools; USER: alice herself confirms what her agent asked;"; \
+	echo " OPERATOR: approves what needs four eyes)"; \
 	echo "a call (run it twice: the second answer is a replay, 'Idempotent-Replayed: true' with curl -i):"; \
 	echo "  curl -sS -X POST $$url/v1/tools/create_ticket/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
 	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"arguments\": {\"title\": \"Printer on fire\"}}'"; \
@@ -42,15 +47,21 @@ serve: $(STAMP)
 	echo "    -d '{\"arguments\": {\"customer_id\": \"cus_1\", \"amount_cents\": 1200, \"currency\": \"USD\"}}'"; \
 	echo "  curl -sS -X POST $$url/v1/approval-requests/<id>/approve -H \"Authorization: Bearer \$$OPERATOR\""; \
 	echo "  (then the same charge curl again)"; \
-	echo "a charge up to 10.00 (or an email) is the user's to confirm: approve it with \$$AGENT itself."; \
-	echo "the operator console: $$url/console (sign in with \$$OPERATOR)"; \
+	echo "a charge up to 10.00 (or an email) is the user's to confirm, with her own token: \$$USER"; \
+	echo "(\$$AGENT, the token that made the call, is refused: 403); then the agent calls again:"; \
+	echo "  curl -sS -X POST $$url/v1/tools/charge_card/calls -H \"Authorization: Bearer \$$AGENT\" \\"; \
+	echo "    -H 'Content-Type: application/json' -H 'Idempotency-Key: charge-2' \\"; \
+	echo "    -d '{\"arguments\": {\"customer_id\": \"cus_1\", \"amount_cents\": 800, \"currency\": \"USD\"}}'"; \
+	echo "  curl -sS -X POST $$url/v1/approval-requests/<id>/approve -H \"Authorization: Bearer \$$USER\""; \
+	echo "  (then the same small charge curl again)"; \
+	echo "the console: $$url/console (sign in with \$$OPERATOR, or with \$$USER to confirm alice's requests)"; \
 	echo "the same as an operator with the CLI (--url defaults to http://127.0.0.1:8080, or TOOLLEDGER_URL):"; \
 	echo "  export TOOLLEDGER_URL=$$url TOOLLEDGER_TOKEN=\$$OPERATOR"; \
 	echo "  $(BIN)/toolledger approvals list --status pending"; \
 	echo "  $(BIN)/toolledger approvals approve <id>      (or: approvals deny <id> --reason '...')"; \
 	echo "  $(BIN)/toolledger switch off charge_card --reason 'incident 1'   (and: switch on ...)"; \
 	echo "  $(BIN)/toolledger calls search --key charge-1"
-	exec $(BIN)/toolledger serve --create --host $(SERVE_HOST) --port $(SERVE_PORT) \
+	exec $(BIN)/toolledger serve --host $(SERVE_HOST) --port $(SERVE_PORT) \
 	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
 
 # The whole suite: starts a real Kafka broker and a real PostgreSQL, runs every test

@@ -7,17 +7,24 @@ Who decides is the request's ``approver_kind`` (the tool's rule chose it from th
 
 - ``operator``: four eyes. An operator of the tenant (scope ``operator``, or
   ``operator:global``) approves, and never the principal who made the call.
-- ``user``: the principal the call runs for confirms their own agent's action; the tenant's
-  operators may approve too (the user is not always there).
+- ``user``: the principal the call runs for confirms their own agent's action, with a
+  credential the agent's token does not carry: the scope ``approvals:confirm`` (the user's own
+  token, or a console session signed in with it), or an answer the user gave in person (an MCP
+  client's elicitation, asked of its human: :func:`confirmed_in_person`). The token that made
+  the call, without that scope, cannot confirm it. The tenant's operators may approve too (the
+  user is not always there).
 
 Whoever may approve a request may deny it, and so may every operator of the tenant (the
-requester of a four-eyes request too, if it is an operator). Nobody decides another
-tenant's request but a global operator (``operator:global``): the HTTP API does not even find
-it, and these rules refuse it for the front ends that hold the request in hand (the SDK's
-in-process decisions).
+requester of a four-eyes request too, if it is an operator), and for a ``user`` request the
+principal who asked, without the confirming scope too (refusing runs nothing). Nobody decides
+another tenant's request but a global operator (``operator:global``): the HTTP API does not
+even find it, and these rules refuse it for the front ends that hold the request in hand (the
+SDK's in-process decisions).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from producers.client import TrustedContext
 from schemas.calls import ApprovalView
@@ -25,6 +32,7 @@ from schemas.errors import ErrorCode, ErrorInfo
 
 OPERATOR = "operator"
 GLOBAL_OPERATOR = "operator:global"
+CONFIRM = "approvals:confirm"  # a user's own credential: confirms what their agent asked
 
 
 def is_operator(context: TrustedContext) -> bool:
@@ -33,6 +41,12 @@ def is_operator(context: TrustedContext) -> bool:
 
 def is_requester(context: TrustedContext, view: ApprovalView) -> bool:
     return (view.tenant_id, view.requested_by) == (context.tenant_id, context.principal)
+
+
+def confirmed_in_person(context: TrustedContext) -> TrustedContext:
+    """``context`` deciding with the user's own confirmation: for a front end that asked the
+    user in person (an MCP client's elicitation, answered by its human), not for a token."""
+    return replace(context, scopes=context.scopes | {CONFIRM})
 
 
 def tenant_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
@@ -52,8 +66,16 @@ def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | 
     if foreign is not None:
         return foreign
     if view.approver_kind == "user":
-        if is_requester(context, view) or is_operator(context):
+        if is_operator(context) or (is_requester(context, view) and CONFIRM in context.scopes):
             return None
+        if is_requester(context, view):
+            return ErrorInfo.of(
+                ErrorCode.FORBIDDEN,
+                f"This request is for {view.requested_by!r} to confirm with their own "
+                f"credential (scope '{CONFIRM}'); the token that made the call cannot.",
+                suggested_action=f"Ask the user to confirm it with their token (scope "
+                f"'{CONFIRM}') or in the console, or an operator of this tenant.",
+            )
         return ErrorInfo.of(
             ErrorCode.FORBIDDEN,
             f"This request is for {view.requested_by!r} to confirm: another user cannot decide it.",
@@ -78,8 +100,9 @@ def approve_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | 
 
 
 def deny_refusal(context: TrustedContext, view: ApprovalView) -> ErrorInfo | None:
-    """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, and the
-    tenant's operators)."""
-    if is_operator(context) and tenant_refusal(context, view) is None:
+    """Why ``context`` may not deny ``view``; None: it may (whoever may approve it, the
+    tenant's operators, and the principal who asked for a ``user`` request)."""
+    withdraws = view.approver_kind == "user" and is_requester(context, view)
+    if (is_operator(context) or withdraws) and tenant_refusal(context, view) is None:
         return None
     return approve_refusal(context, view)

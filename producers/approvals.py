@@ -43,6 +43,7 @@ __all__ = [
     "PendingApproval",
     "approvals_for",
     "decide",
+    "decide_as_named",
     "deny_reason",
     "pending_approval",
 ]
@@ -242,3 +243,32 @@ async def decide(
     if isinstance(decision, Deny):
         return await approvals.deny(request, context, decision.reason)
     return await approvals.approve(request, context)
+
+
+NO_DECIDER = ErrorInfo.of(
+    ErrorCode.FORBIDDEN,
+    "The application named nobody to decide this request, and the agent's own credential "
+    "does not decide its calls.",
+    suggested_action="Pass approver= (the deciding human's context: the user with the scope "
+    "'approvals:confirm', or an operator) or approvals= (a client holding their token).",
+)
+
+
+async def decide_as_named(
+    client: object,
+    approvals: Approvals | None,
+    approver: TrustedContext | None,
+    context: TrustedContext,
+    request: PendingApproval,
+    decision: Approve | Deny,
+) -> Decision:
+    """A human's decision, as an agent runtime (the adapters) sends it: the application names
+    the decider, ``approver`` (their context, decided through ``approvals`` or the client's
+    own, :func:`approvals_for`) or ``approvals`` alone (a client that decides with its own
+    token, e.g. an ``HttpLedgerClient`` of the human; in-process it decides as ``context``).
+    An approval with neither is refused (:data:`NO_DECIDER`): ``context`` is the agent's, and
+    the agent does not confirm its own calls; a denial with neither is the agent withdrawing
+    its request, as ``context`` (refusing runs nothing)."""
+    if approver is None and approvals is None and isinstance(decision, Approve):
+        return Decision(request.id, NO_DECIDER)
+    return await decide(approvals or approvals_for(client), request, approver or context, decision)

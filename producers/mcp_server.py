@@ -145,7 +145,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producers.adapters import (
     ToolSpec,
@@ -154,6 +154,7 @@ from producers.adapters import (
     index_tools,
     refusal,
 )
+from producers.approval_rules import confirmed_in_person
 from producers.approvals import (
     Approvals,
     Approve,
@@ -165,7 +166,8 @@ from producers.approvals import (
 )
 from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
 from producers.governance import approval_request_json
-from producers.http.auth import Authenticator, AuthFailure
+from producers.http.auth import Authenticator, AuthFailure, Throttled, throttled_check
+from producers.http.ratelimit import AuthThrottle
 from producers.mcp_groups import GROUP_TOOLS, McpGroups
 from producers.mcp_tasks import McpTasks
 from schemas.calls import CallQueries
@@ -173,6 +175,7 @@ from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import ApprovalRequested
 from schemas.groups import GroupService
 from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
+from schemas.nesting import NestingTooDeep, check_depth, check_text_depth
 
 log = logging.getLogger("toolledger.mcp")
 
@@ -453,14 +456,33 @@ class BearerAuth:
 
     Authenticated: ``scope["user"]`` is a :class:`SessionUser` (the SDK binds sessions to
     it) and ``scope["auth"]`` its scopes. Otherwise ``401`` before any MCP processing, with
-    the authenticator's reason (never the token) in ``error_description`` and in the log."""
+    the authenticator's reason (never the token) in ``error_description`` and in the log;
+    ``429`` with ``Retry-After``, the token unchecked, while ``throttle`` holds the client's
+    address back after too many refused tokens."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, throttle: AuthThrottle) -> None:
         self.app = app
         self.authenticator = authenticator
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        checked = self.authenticator.check(Headers(scope=scope).get("authorization"))
+        client = scope.get("client")
+        checked = throttled_check(
+            self.authenticator,
+            self.throttle,
+            client[0] if client else None,
+            Headers(scope=scope).get("authorization"),
+        )
+        if isinstance(checked, Throttled):
+            log.warning(
+                "authentication throttled",
+                extra={"client": client[0] if client else None, "path": scope.get("path")},
+            )
+            body = json.dumps({"error": "rate_limited", "error_description": checked.detail})
+            await _send_json(
+                send, 429, body.encode(), [(b"retry-after", b"%d" % checked.retry_after_s)]
+            )
+            return
         if isinstance(checked, AuthFailure):
             await self._refuse(scope, send, checked)
             return
@@ -490,19 +512,66 @@ class BearerAuth:
             else f'Bearer error="invalid_token", error_description="{detail}"'
         )
         payload = json.dumps({"error": "invalid_token", "error_description": failure.detail})
-        body = payload.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", challenge.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _send_json(send, 401, payload.encode(), [(b"www-authenticate", challenge.encode())])
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A whole JSON response, sent by an ASGI wrapper before the app."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+# where arguments sit deepest in a request: params.arguments.steps[i].arguments of a group
+_DEEPEST_ARGUMENTS = 5
+
+
+class NestingGuard:
+    """ASGI wrapper of the MCP endpoint: a request nested deeper than any tool call's
+    arguments may be (``schemas.nesting``) is refused whole with ``400`` and a JSON-RPC
+    error naming the limit, before the SDK's parser reads it (which fails on its own, with no
+    limit named, at about 200 levels). Shallower arguments reach the tools, which answer
+    ``VALIDATION_FAILED``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        body = bytearray()
+        while True:  # the SDK reads the whole body too: this holds it no longer
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        try:
+            check_text_depth(bytes(body), "a tool call's arguments", envelope=_DEEPEST_ARGUMENTS)
+        except NestingTooDeep as exc:
+            error = {"code": types.INVALID_PARAMS, "message": str(exc)}
+            payload = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+            await _send_json(send, 400, payload, [])
+            return
+        buffered = iter(messages)
+
+        async def replay() -> Message:
+            return next(buffered, None) or await receive()
+
+        await self.app(scope, replay, send)
 
 
 def session_context(
@@ -797,6 +866,10 @@ class LedgerMcpServer:
             return _tool_result(
                 refusal(ErrorCode.UNAUTHENTICATED, "This session is not authenticated.")
             )
+        try:
+            check_depth(sent)
+        except NestingTooDeep as exc:
+            return _tool_result(refusal(ErrorCode.VALIDATION_FAILED, str(exc)))
         meta: Mapping[str, Any] | None = params.meta
 
         async def attempt() -> CallResult:
@@ -825,7 +898,10 @@ class LedgerMcpServer:
             if isinstance(answer, types.InputRequiredResult):
                 return answer
             if answer is not None:
-                decided = await decide(self.approvals, request, context, _confirmation(answer))
+                # the client asked its human: the user's own answer, whatever the token holds
+                decided = await decide(
+                    self.approvals, request, confirmed_in_person(context), _confirmation(answer)
+                )
                 result = (
                     await attempt()
                     if decided.error is None
@@ -965,6 +1041,7 @@ class LedgerMcpServer:
         self,
         authenticator: Authenticator,
         *,
+        throttle: AuthThrottle,
         path: str = DEFAULT_PATH,
         host: str = "127.0.0.1",
         json_response: bool = False,
@@ -973,7 +1050,8 @@ class LedgerMcpServer:
     ) -> Starlette:
         """A Starlette app serving streamable HTTP at ``path`` (Bearer tokens checked with
         ``authenticator``: a :class:`producers.http.auth.TokenStore`, or the HTTP API's
-        ``FrontDoor.authenticator`` for JWTs as well) and an unauthenticated ``GET
+        ``FrontDoor.authenticator`` for JWTs as well, and held back by ``throttle``, the HTTP
+        API's, after too many refused tokens from one address) and an unauthenticated ``GET
         /healthz``. Run its lifespan (uvicorn does)."""
         if transport_security is None and host in ("127.0.0.1", "localhost", "::1"):
             # the SDK's own default for loopback servers: DNS rebinding protection
@@ -988,7 +1066,7 @@ class LedgerMcpServer:
             stateless=stateless,
             security_settings=transport_security,
         )
-        endpoint = BearerAuth(StreamableHTTPASGIApp(manager), authenticator)
+        endpoint = BearerAuth(NestingGuard(StreamableHTTPASGIApp(manager)), authenticator, throttle)
 
         async def healthz(request: Request) -> JSONResponse:
             return JSONResponse({"status": "ok"})

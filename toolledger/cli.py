@@ -650,7 +650,7 @@ def serve(
 
     try:
         token_store = TokenStore.load(tokens)
-        new_ledger = options.creates(data, create)
+        new_ledger = options.creates(data, create, embedded=kafka is None)
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)

@@ -377,9 +377,10 @@ class Ledger:
         self, request: PendingApproval, context: TrustedContext | None = None
     ) -> Decision:
         """Grant the approval request a call was answered with (``pending_approval(result)``)
-        as ``context``: the user the call runs for (a ``user`` request), or an operator of the
-        tenant other than its caller (four eyes); over HTTP the token says who decides. The
-        same call (same key and arguments) then runs once, without a token."""
+        as ``context``: the user the call runs for, with the scope ``approvals:confirm`` (a
+        ``user`` request; the context that made the call does not confirm it), or an operator
+        of the tenant other than its caller (four eyes); over HTTP the token says who decides.
+        The same call (same key and arguments) then runs once, without a token."""
         who = self._who(context)
         approvals = self._approvals()
         if who is None:  # over HTTP: the token decides

@@ -152,7 +152,9 @@ def door_authenticator(door: FrontDoor) -> Authenticator:
 def mcp_http_app(door: FrontDoor, *, host: str, path: str, wait_s: float | None) -> Starlette:
     """The MCP server of ``door`` as a Starlette app: streamable HTTP at ``path``, Bearer
     tokens checked as the HTTP API checks them."""
-    return mcp_server(door, wait_s=wait_s).http_app(door_authenticator(door), path=path, host=host)
+    return mcp_server(door, wait_s=wait_s).http_app(
+        door_authenticator(door), throttle=door.auth_throttle, path=path, host=host
+    )
 
 
 async def serve_http(
@@ -275,7 +277,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 algorithms=security.jwt_algorithms,
                 claims=security.jwt_claims,
             )
-            new_ledger = options.creates(data, create)
+            new_ledger = options.creates(data, create, embedded=kafka is None)
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
             options.key_retention(registry, key_retention)

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from processors.runtime.ledger_file import LedgerFileError, must_create, traces
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import RetentionError, parse_retention
+from processors.toolsets.helpdesk import holds_effects
 from toolledger.config import ConfigError
 
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
@@ -100,17 +102,36 @@ CreateOption = Annotated[
     bool,
     typer.Option(
         "--create",
-        help="Make a new, empty embedded ledger in --data if there is none (without it, only "
-        "in a new, empty directory: a missing ledger is never silently re-created).",
+        help="Make a new, empty embedded ledger in --data if there never was one (without it, "
+        "only in a new, empty directory). Refused where a ledger was (its id file, WAL or lock, "
+        "or the helpdesk store, are there): a missing ledger is never re-created.",
     ),
 ]
 
 
-def creates(data: Path, create: bool) -> bool | None:
+def creates(data: Path, create: bool, *, embedded: bool) -> bool | None:
     """``--create`` as :class:`SqliteLedger` takes it: True, or None (only in an empty directory,
-    judged now, before anything such as the helpdesk store is written there)."""
+    judged now, before anything such as the helpdesk store is written there). On the embedded
+    backend the ledger file is checked here too, before anything is written, and refused
+    (:class:`ConfigError`, one line) where :func:`must_create` refuses it, or where a helpdesk
+    store that recorded effects is but no ledger: the effects were made under a ledger that is
+    gone, whose keys would all run again (``--create`` too)."""
     fresh = not data.exists() or (data.is_dir() and not any(data.iterdir()))
-    return True if create or fresh else None
+    new = True if create or fresh else None
+    if not embedded:
+        return new
+    store, ledger = data / "helpdesk.db", data / "ledger.db"
+    if not ledger.exists() and not traces(ledger) and holds_effects(store):
+        raise ConfigError(
+            f"{ledger} is missing but the helpdesk store {store.name} holds effects: a ledger "
+            f"was here and was deleted or moved; restore it, or delete the whole directory "
+            f"{data} for a new, empty ledger (whose keys all run again)"
+        )
+    try:
+        must_create(ledger, new)
+    except LedgerFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return new
 
 
 KeyRetentionOption = Annotated[

@@ -31,7 +31,7 @@ from producers.http.jwt_auth import (
     JwtConfigError,
     JwtSettings,
 )
-from producers.http.ratelimit import PolicyError, RateLimiter, RatePolicy
+from producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
 from schemas.calls import CallQueries
 from schemas.topics import Topics
 from toolledger.audit import audit_retention as keep_audit
@@ -81,12 +81,19 @@ def authenticator(
     return CombinedAuthenticator(tokens, verifier)
 
 
+def rate_policy(policy: Path | None) -> RatePolicy:
+    """The policy file's rate limits (the defaults without one); :class:`ConfigError`."""
+    try:
+        return RatePolicy.load(policy) if policy is not None else RatePolicy.none()
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def rate_limiter(registry: ToolRegistry, policy: Path | None = None) -> RateLimiter | None:
     """The rate limits of the policy file and the tools' manifests; ``None`` if there are none.
     :class:`ConfigError` if they are not usable."""
     try:
-        limits = RatePolicy.load(policy) if policy is not None else RatePolicy.none()
-        limiter = RateLimiter(limits, {t.name: t.manifest() for t in registry})
+        limiter = RateLimiter(rate_policy(policy), {t.name: t.manifest() for t in registry})
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
     return limiter if limiter.active else None
@@ -119,6 +126,7 @@ class Security:
             claims=self.jwt_claims,
         )
         limiter = rate_limiter(registry, self.policy)
+        throttle = AuthThrottle(rate_policy(self.policy).limits.auth_failures)
         tokens = self.tokens if self.tokens is not None else TokenStore([])
         tools = tool_infos(registry)
 
@@ -135,6 +143,7 @@ class Security:
                 ready,
                 limiter=limiter,
                 authenticator=auth,
+                auth_throttle=throttle,
                 budget=self.run_budget,
                 approval_token_ttl=self.approval_token_ttl,
                 key_retention=describe(registry.default_key_retention),

@@ -583,9 +583,26 @@ def _resumed(state: GroupState) -> GroupState:
 
 def decide(state: GroupState, max_parallel: int) -> list[Action]:
     """What to do next, given only ``state``: deterministic, and never an action whose event
-    is already recorded. At most ``max_parallel`` calls are in flight once the starts are."""
+    is already recorded. At most ``max_parallel`` calls are in flight once the starts are.
+
+    The decision is complete: an action that makes no call (:class:`FailStep`,
+    :class:`FailCompensation`) is followed by what its event leads to (the compensations, the
+    end of the group), so once the actions' events are recorded nothing is left to decide
+    until a call answers or the group is resumed. A runner that waits for its calls' answers
+    therefore never waits on a group with none in flight."""
     if max_parallel < 1:
         raise ValueError("max_parallel must be >= 1")
+    actions: list[Action] = []
+    while True:
+        decided = _decide_once(state, max_parallel)
+        actions += decided
+        if not any(isinstance(a, FailStep | FailCompensation) for a in decided):
+            return actions
+        for action in decided:  # each fails a step or compensation for good: this ends
+            state = evolve(state, event_of(action))
+
+
+def _decide_once(state: GroupState, max_parallel: int) -> list[Action]:
     if state.finished is not None:
         return []
     if state.failure is None:

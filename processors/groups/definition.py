@@ -12,9 +12,10 @@ or empty path takes the whole result. An object with a ``"$from"`` key is always
 (there is no escape for a literal object with that key).
 
 :func:`parse_group` refuses, with field errors and before anything runs: a malformed body,
-more than ``max_steps`` steps, duplicate step ids, unknown tools, references (``depends_on``
-or ``$from``) to unknown steps, malformed references, dependency cycles (a self-dependency
-too), and literal arguments that fail their tool's validation. Arguments holding references
+more than ``max_steps`` steps, arguments nested deeper than ``schemas.nesting.MAX_DEPTH``
+levels, duplicate step ids, unknown tools, references (``depends_on`` or ``$from``) to
+unknown steps, malformed references, dependency cycles (a self-dependency too), and literal
+arguments that fail their tool's validation. Arguments holding references
 are validated as submitted, references in place, and a field error that the referenced value
 could change is dropped: one at a reference or inside it, or a custom validator's error
 (``value_error``, ``assertion_error``) on an object that contains a reference. Every other
@@ -29,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -40,6 +41,7 @@ from processors.groups.facts import StepTool, field_errors
 from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import STEP_ID_PATTERN, compensation_key, step_key
+from schemas.nesting import NestingTooDeep, check_depth
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -54,6 +56,7 @@ __all__ = [
     "Step",
     "call_intent_id",
     "compensation_key",
+    "missing_scopes",
     "parse_group",
     "resolve_arguments",
     "step_key",
@@ -311,6 +314,12 @@ def parse_group(
                         "unknown_step",
                     )
                 )
+        try:
+            check_depth(s.arguments, "this step's arguments")
+        except NestingTooDeep as exc:
+            errors.append(_fe(f"{prefix}.arguments", str(exc), "too_deep"))
+            scanned.append(None)
+            continue
         refs: list[Reference] = []
         ref_errors: list[tuple[Loc, str, str]] = []
         held: list[Loc] = []  # where the references are, malformed ones too
@@ -368,6 +377,23 @@ def parse_group(
             )
         )
     return GroupDefinition(parsed.run_id, OnFailure(parsed.on_failure), tuple(steps))
+
+
+def missing_scopes(definition: GroupDefinition, scopes: Collection[str]) -> tuple[FieldError, ...]:
+    """One field error (``steps.<i>.tool``, type ``forbidden``) per step whose tool needs a
+    scope that ``scopes`` (the submitter's) lacks: such a group is refused before anything is
+    stored, as each of its steps would be."""
+    held = set(scopes)
+    return tuple(
+        _fe(
+            f"steps.{s.index}.tool",
+            f"{s.tool} needs the scope(s) {sorted(s.facts.scopes - held)}, which this caller "
+            "lacks.",
+            "forbidden",
+        )
+        for s in definition.steps
+        if not s.facts.scopes <= held
+    )
 
 
 def _loc(prefix: str, loc: Loc) -> str:

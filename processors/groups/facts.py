@@ -66,6 +66,10 @@ class StepTool(Protocol):
     @property
     def compensation(self) -> Compensation | None: ...
 
+    @property
+    def scopes(self) -> frozenset[str]:
+        """The scopes a caller needs to call it (a group's submitter needs its steps')."""
+
     def validate(self, arguments: Mapping[str, Any]) -> Sequence[FieldError]:
         """Field errors of ``arguments`` (locs relative to them, ``"$"`` for the whole)."""
 
@@ -82,6 +86,7 @@ class ToolFacts:
     keyed: bool = True
     irreversible: bool = False
     compensation: Compensation | None = None
+    scopes: frozenset[str] = frozenset()
 
     def validate(self, arguments: Mapping[str, Any]) -> Sequence[FieldError]:
         return self.validator(arguments)
@@ -94,8 +99,9 @@ class ToolFacts:
         keyed: bool = True,
         irreversible: bool = False,
         compensation: Compensation | None = None,
+        scopes: frozenset[str] = frozenset(),
     ) -> ToolFacts:
-        return cls(model_validator(model), keyed, irreversible, compensation)
+        return cls(model_validator(model), keyed, irreversible, compensation, scopes)
 
 
 def field_errors(exc: ValidationError) -> list[FieldError]:

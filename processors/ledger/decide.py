@@ -225,6 +225,11 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
         first = _submit(None, replace(cmd, approvals=None))
         return Decision((expired, *first.events), first.action)
     if state is None:
+        book = cmd.approvals
+        if book is not None and book.items and book.latest_for(ctx.args_digest) is None:
+            # no call ran, but the key was taken by the arguments its approval requests are
+            # for: other arguments are a reused key, as against a call state
+            return Decision((_key_reused(ctx, now, book.items[-1].args_digest),))
         # Past the idempotency decision: the kill switch, then the approval, then Started.
         if cmd.gate.disabled is not None:
             return Decision((_rejected(ctx, now, cmd.gate.disabled),))
@@ -240,19 +245,7 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
         # the token is consumed in the same atomic write as the Started event it allows
         return Decision((*consumed, started), Execute(attempt=1, round_attempt=1))
     if state.args_digest != ctx.args_digest:
-        return Decision(
-            (
-                _rejected(
-                    ctx,
-                    now,
-                    ErrorInfo.of(
-                        ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                        f"Idempotency key {ctx.idempotency_key!r} was first used with other "
-                        f"arguments ({state.args_digest}); this call has {ctx.args_digest}.",
-                    ),
-                ),
-            )
-        )
+        return Decision((_key_reused(ctx, now, state.args_digest),))
     if _job_running(state) and state.status in _UNRESOLVED:
         # a long-running call's job runs (or timed out, and polls resolve it): the same job
         # answers, and nothing starts again
@@ -304,6 +297,18 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
     if state.status is CallStatus.UNKNOWN:
         return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
     return _new_round(state, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json, cmd.gate)
+
+
+def _key_reused(ctx: CallContext, now: datetime, first_digest: str) -> ToolCallRejected:
+    return _rejected(
+        ctx,
+        now,
+        ErrorInfo.of(
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            f"Idempotency key {ctx.idempotency_key!r} was first used with other arguments "
+            f"({first_digest}); this call has {ctx.args_digest}.",
+        ),
+    )
 
 
 def _new_round(

@@ -47,7 +47,9 @@ class Approval(BaseModel):
     reason: str | None = None
 
 
-MAX_OPEN_REQUESTS = 16  # per call key: a caller asking with ever new arguments is bounded
+# per call key: a key's requests are for the arguments that took it (other arguments are a
+# reused key); a book folded before that rule may hold requests for several
+MAX_OPEN_REQUESTS = 16
 
 
 class ApprovalBook(BaseModel):

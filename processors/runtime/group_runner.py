@@ -57,6 +57,7 @@ from processors.groups import (
     evolve,
     fold,
     in_flight,
+    missing_scopes,
     parse_group,
     resumable,
 )
@@ -175,6 +176,17 @@ class GroupRunner:
         definition = parse_group(body, self._tools(), max_steps=self._max_steps)
         if isinstance(definition, InvalidGroup):
             return GroupAnswer(error=definition.error, field_errors=definition.field_errors)
+        forbidden = missing_scopes(definition, scopes)
+        if forbidden:  # before anything is stored or the key is used, as for a call
+            needed = sorted(frozenset().union(*(s.facts.scopes for s in definition.steps)))
+            lacking = [scope for scope in needed if scope not in scopes]
+            return GroupAnswer(
+                error=ErrorInfo.of(
+                    ErrorCode.FORBIDDEN,
+                    f"The group's steps need the scope(s) {lacking}, which this caller lacks.",
+                ),
+                field_errors=forbidden,
+            )
         group_id = group_id_for(tenant_id, group_key)
         async with self._lock(group_id):
             group = await self._loaded(group_id)

@@ -4,7 +4,9 @@ A ledger file is the only record of which keys ran. If it were silently re-creat
 emptied, its WAL left behind) every old key would execute again; if a damaged file were opened
 for writing, the start itself could spread the damage. So the file is inspected first, read
 only, and a new ledger is made only when the caller says so (``create``) or in a new, empty
-directory. Every refusal is one line that names the file and says what to do.
+directory, and never where a ledger's traces are (its id file, WAL, shared memory or lock):
+such a directory held a ledger, whatever the caller says. Every refusal is one line that names
+the file and says what to do.
 """
 
 from __future__ import annotations
@@ -28,14 +30,23 @@ def side_file(path: Path, suffix: str) -> Path:
 
 def must_create(path: Path, create: bool | None) -> bool:
     """Whether ``path`` is to be made as a new ledger; raises for a file that must not be
-    opened or re-created. ``create``: True to allow a new ledger, False to forbid one, None
-    to allow it only in a directory that does not exist or is empty."""
+    opened or re-created. ``create``: True to allow a new ledger where none was (no traces of
+    one beside ``path``), False to forbid one, None to allow it only in a directory that does
+    not exist or is empty."""
     wal = side_file(path, "-wal")
     if not path.exists():
         if wal.exists():
             raise LedgerFileError(
                 f"{path} is missing but its write-ahead log {wal.name} is there: the database "
                 "was deleted or moved; restore it (a WAL alone is not a ledger)"
+            )
+        left = traces(path)
+        if left:
+            raise LedgerFileError(
+                f"{path} is missing but {', '.join(p.name for p in left)} of a ledger "
+                f"{'is' if len(left) == 1 else 'are'} there: the database was deleted or "
+                f"moved; restore it, or delete the whole directory {path.parent} for a new, "
+                "empty ledger (whose keys all run again)"
             )
         if create or (create is None and _new_directory(path.parent)):
             return True
@@ -115,7 +126,7 @@ def _new_directory(directory: Path) -> bool:
 
 
 def traces(path: Path) -> list[Path]:
-    """The ledger's files beside it that exist (its WAL, shared memory and lock)."""
+    """The ledger's files beside it that exist (its WAL, shared memory, lock and id)."""
     return [p for p in (side_file(path, s) for s in _SIDE_FILES) if p.exists()]
 
 

@@ -14,6 +14,7 @@ def step_tools(registry: ToolRegistry) -> dict[str, ToolFacts]:
             keyed=tool.keyed,
             irreversible=tool.risk is RiskTier.IRREVERSIBLE,
             compensation=tool.compensate,
+            scopes=tool.scopes,
         )
         for tool in registry
     }

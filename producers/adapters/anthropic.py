@@ -56,8 +56,7 @@ from producers.approvals import (
     Approve,
     Deny,
     PendingApproval,
-    approvals_for,
-    decide,
+    decide_as_named,
     pending_approval,
 )
 from producers.client import Caller, CallResult, TrustedContext
@@ -194,11 +193,8 @@ class _Runner:
         request = pending_approval(result)
         refused = None
         if request is not None and decision is not None:
-            decided = await decide(
-                self.approvals or approvals_for(self.client),
-                request,
-                self.approver or self.context,
-                decision,
+            decided = await decide_as_named(
+                self.client, self.approvals, self.approver, self.context, request, decision
             )
             refused = decided.error
             if decided.ok:
@@ -244,10 +240,12 @@ async def execute_tool_use(
     ``block.input`` can change it. Failures (unknown tool, invalid arguments, a reused key,
     a failed call) are ``is_error`` results the model can read, never exceptions. A call that
     waits for a human's approval says so; with ``decision`` (the human's answer to that
-    request), the decision is sent through ``approvals`` (default: the client's own, see
-    :func:`producers.approvals.approvals_for`) as ``approver`` (default: ``context``, the user
-    the call runs for) and the same call is made again: it runs once, or is refused with the
-    human's reason.
+    request), the decision is sent as the application names the human who decides
+    (:func:`producers.approvals.decide_as_named`): ``approver``, their context (the user with
+    the scope ``approvals:confirm``, or an operator), through ``approvals`` (default: the
+    client's own), or ``approvals`` alone, a client holding their token. ``context`` is the
+    agent's and never decides. Then the same call is made again: it runs once, or is refused
+    with the human's reason.
     """
     runner = _Runner(client, index_tools(tools), context, run_id, wait, approvals, approver)
     return (await runner.run(block, step_id, decision, approval_token)).block
@@ -295,8 +293,9 @@ async def execute_tool_uses(
 
     To bring the human's answers back, run the same turn again (same ``content``, same
     ``turn``) with ``decisions`` keyed by ``tool_use`` id (or approval request id): each
-    decision is sent as ``approver`` (default: ``context``) through ``approvals`` (default:
-    the client's own) before that tool use runs again with the same key (in a group: the
+    decision is sent as the human the application names (``approver`` and/or ``approvals``,
+    as for :func:`execute_tool_use`) before that tool use runs again with the same key (in a
+    group: the
     group is resumed, and the approved call runs once); the turn's other calls replay their
     stored outcomes."""
     indexed = index_tools(tools)

@@ -44,8 +44,7 @@ from producers.approvals import (
     Approve,
     Deny,
     PendingApproval,
-    approvals_for,
-    decide,
+    decide_as_named,
     pending_approval,
 )
 from producers.client import Caller, CallResult, TrustedContext
@@ -181,8 +180,9 @@ class TurnGroup:
     run_id: str
     turn: int
     wait: float | None = None
-    approvals: Approvals | None = None  # default: the client's own (approvals_for)
-    approver: TrustedContext | None = None  # default: context
+    # who decides, named by the application (producers.approvals.decide_as_named)
+    approvals: Approvals | None = None
+    approver: TrustedContext | None = None
 
     @property
     def key(self) -> str:
@@ -289,11 +289,8 @@ class TurnGroup:
         decision = decisions.get(call.use_id) or decisions.get(request.id)
         if decision is None:
             return _Asked(TurnOutcome(result, request), settled=False)
-        decided = await decide(
-            self.approvals or approvals_for(self.client),
-            request,
-            self.approver or self.context,
-            decision,
+        decided = await decide_as_named(
+            self.client, self.approvals, self.approver, self.context, request, decision
         )
         return _Asked(TurnOutcome(result, request, decided.error), settled=decided.ok)
 

@@ -43,13 +43,14 @@ and returned when the SDK invokes the tool: nothing runs twice. Then::
     result = await Runner.run(agent, state)
 
 On resume the SDK invokes an approved call's tool: the adapter grants the ledger's request
-for that exact call (same key, same arguments) as :attr:`LedgerRun.approver` (default: the
-run's own principal, the user the agent acts for; a four-eyes request needs an operator,
-with :attr:`LedgerRun.approvals` sending the decision as that operator over HTTP) and makes
-the call again, which runs once. The SDK does not invoke a rejected call's tool, so a
-rejection goes through :meth:`LedgerRun.reject`: it denies the ledger's request and gives
-the model the ledger's refusal (a plain ``RunState.reject`` leaves the request pending until
-it expires; nothing runs either way).
+for that exact call (same key, same arguments) as the human the application names,
+:attr:`LedgerRun.approver` (the user the agent acts for, with the scope
+``approvals:confirm``; a four-eyes request needs an operator) and/or
+:attr:`LedgerRun.approvals` (over HTTP: a client with that human's token), never as the run's
+own context, the agent's; then it makes the call again, which runs once. The SDK does not
+invoke a rejected call's tool, so a rejection goes through :meth:`LedgerRun.reject`: it denies
+the ledger's request and gives the model the ledger's refusal (a plain ``RunState.reject``
+leaves the request pending until it expires; nothing runs either way).
 """
 
 from __future__ import annotations
@@ -78,13 +79,13 @@ from producers.approvals import (
     Approve,
     Deny,
     PendingApproval,
-    approvals_for,
-    decide,
+    decide_as_named,
     pending_approval,
 )
 from producers.client import Caller, CallResult, TrustedContext
 from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode
+from schemas.nesting import NestingTooDeep, check_text_depth
 
 __all__ = ["LedgerRun", "function_tool", "function_tools", "ledger_run_of"]
 
@@ -111,10 +112,12 @@ class LedgerRun:
     until the call is invoked or rejected. Persist it with ``steps``."""
     approver: TrustedContext | None = None
     """Who grants or denies the run's approval requests when the application decides an
-    interruption (default: ``context``, the principal the run acts for)."""
+    interruption: the human's context (the user the run acts for, with the scope
+    ``approvals:confirm``, or an operator). Not ``context``: the agent does not decide."""
     approvals: Approvals | None = field(default=None, compare=False, repr=False)
     """What sends those decisions (default: the tools' ``approvals``). Over HTTP the token
-    decides who approves: an ``HttpLedgerClient`` with the approver's token."""
+    decides who approves: an ``HttpLedgerClient`` with the approver's token. With neither this
+    nor ``approver`` (nor the tools' ``approvals``) a decision is refused."""
     in_order: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
     """Mutations of the run take turns, in the order the SDK invokes them: calls a model
     emitted together are not independent unless it says so (read-only calls do not wait)."""
@@ -242,10 +245,12 @@ class _ToolCalls:
             return False
 
         async def settle(decision: Approve | Deny) -> CallResult:
-            decided = await decide(
-                run.approvals or self.approvals or approvals_for(self.client),
+            decided = await decide_as_named(
+                self.client,
+                run.approvals or self.approvals,
+                run.approver,
+                run.context,
                 request,
-                run.approver or run.context,
                 decision,
             )
             if decided.error is not None:
@@ -268,7 +273,10 @@ class _ToolCalls:
         if waiting is not None:  # the SDK invokes it only once the application approved it
             return await waiting.settle(Approve())
         try:
+            check_text_depth(raw_arguments or "{}")
             arguments = json.loads(raw_arguments or "{}")
+        except NestingTooDeep as exc:
+            return refusal(ErrorCode.VALIDATION_FAILED, str(exc))
         except ValueError as exc:
             return refusal(ErrorCode.VALIDATION_FAILED, f"The arguments are not valid JSON: {exc}")
         return _for_model(await self._call(arguments, run, step_id))

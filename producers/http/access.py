@@ -1,5 +1,6 @@
 """Who is calling, as FastAPI dependencies: the bearer token's trusted context (401
-UNAUTHENTICATED otherwise) and the operator scopes (403 FORBIDDEN otherwise).
+UNAUTHENTICATED otherwise, 429 RATE_LIMITED after too many refused tokens from the client's
+address) and the operator scopes (403 FORBIDDEN otherwise).
 
 :data:`bearer` is a security scheme to FastAPI, so every operation that depends on it is
 documented with the ``bearerAuth`` scheme (Swagger UI's Authorize button)."""
@@ -16,7 +17,7 @@ from fastapi.security.base import SecurityBase
 from producers.approval_rules import GLOBAL_OPERATOR as GLOBAL_OPERATOR
 from producers.approval_rules import OPERATOR as OPERATOR
 from producers.client import TrustedContext
-from producers.http.auth import AuthFailure
+from producers.http.auth import AuthFailure, Throttled, throttled_check
 from producers.http.door import Door, FrontDoor, door_of
 from producers.http.errors import ProblemError, refused
 from schemas.errors import ErrorCode
@@ -46,6 +47,25 @@ def unauthenticated(door: FrontDoor, request: Request, failure: AuthFailure) -> 
     )
 
 
+def throttled(door: FrontDoor, request: Request, refusal: Throttled) -> ProblemError:
+    """429 with ``Retry-After``: the token was not checked (counted and logged)."""
+    door.auth_failures.labels("throttled", "unchecked").inc()
+    log.warning(
+        "authentication throttled",
+        extra={
+            "method": request.method,
+            "path": request.url.path[:256],
+            "client": request.client.host if request.client else None,
+            "retry_after_s": refusal.retry_after_s,
+        },
+    )
+    return refused(
+        ErrorCode.RATE_LIMITED,
+        refusal.detail,
+        headers={"Retry-After": str(refusal.retry_after_s)},
+    )
+
+
 class BearerAuthentication(SecurityBase):
     """``Authorization: Bearer <token>``: the trusted context of the token, checked by the
     front door's authenticator (the tokens file, and JWTs when configured)."""
@@ -59,7 +79,14 @@ class BearerAuthentication(SecurityBase):
 
     async def __call__(self, request: Request) -> TrustedContext:
         door = await door_of(request)
-        context = door.authenticator_in_force.check(request.headers.get("authorization"))
+        context = throttled_check(
+            door.authenticator_in_force,
+            door.auth_throttle,
+            request.client.host if request.client else None,
+            request.headers.get("authorization"),
+        )
+        if isinstance(context, Throttled):
+            raise throttled(door, request, context)
         if isinstance(context, AuthFailure):
             raise unauthenticated(door, request, context)
         return context

@@ -10,6 +10,11 @@ Two kinds of bearer token, behind one :class:`Authenticator` protocol:
 that file's; any other token shaped like a JWT goes to the JWT verifier; anything else is
 unknown. A refusal is an :class:`AuthFailure`: a stable ``reason`` (for metrics and logs) and a
 ``detail`` for the caller. Neither ever contains the token.
+
+:func:`throttled_check` is how every front door checks a token a caller presents (the API, the
+console's sign-in, MCP over HTTP): too many refused tokens from one client address, or with
+one opaque token's first characters, and the next attempts are :class:`Throttled` before
+their token is checked (``producers.http.ratelimit.AuthThrottle``).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from producers.client import TrustedContext
+from producers.http.ratelimit import AuthThrottle
 
 log = logging.getLogger("toolledger.http.auth")
 
 MAX_TOKEN_CHARS = 8192
+PREFIX_CHARS = 8  # an opaque token's characters a throttle bucket is kept for
 # three base64url segments (RFC 7515 compact serialisation); a JWT header always starts "eyJ"
 _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 
@@ -226,6 +233,46 @@ class CombinedAuthenticator:
     def authenticate(self, authorization: str | None) -> TrustedContext | None:
         context = self.check(authorization)
         return context if isinstance(context, TrustedContext) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """Too many refused tokens came from this client address (or with this token's first
+    characters): nothing was checked; try again in ``retry_after_s`` seconds."""
+
+    retry_after_s: int
+
+    @property
+    def detail(self) -> str:
+        return (
+            "Too many requests with a token that is not valid came from this address: the "
+            f"token was not checked. Retry in {self.retry_after_s} s."
+        )
+
+
+def throttled_check(
+    authenticator: Authenticator,
+    throttle: AuthThrottle,
+    client: str | None,
+    authorization: str | None,
+) -> TrustedContext | AuthFailure | Throttled:
+    """``authenticator.check``, refused before the token is looked at while ``throttle`` says
+    so. A refused token counts against the caller's address and, for an opaque token, its
+    first characters (a JWT's first characters are its header, the same for everyone); no
+    token, or one that could never be valid (too long, not Bearer), counts for nothing."""
+    token = bearer_token(authorization)
+    if isinstance(token, AuthFailure):
+        return token
+    keys: list[tuple[str, ...]] = [("address", client or "-")]
+    if not looks_like_jwt(token):
+        keys.append(("prefix", token[:PREFIX_CHARS]))
+    wait = throttle.wait_s(keys)
+    if wait is not None:
+        return Throttled(wait)
+    checked = authenticator.check(authorization)
+    if isinstance(checked, AuthFailure) and checked.kind != "none":
+        throttle.failed(keys)
+    return checked
 
 
 def failure_counter(registry: CollectorRegistry) -> Counter:

@@ -24,6 +24,7 @@ from producers.http.responses import JSON, field_errors, read_capped
 from producers.http.validation import body_fix
 from schemas.errors import ErrorCode
 from schemas.keys import InvalidIdempotencyKey
+from schemas.nesting import NestingTooDeep, check_text_depth
 
 MAX_BODY_BYTES = (1 << 20) + (64 << 10)  # the 1 MiB argument limit plus room for the envelope
 
@@ -52,8 +53,9 @@ async def call_body(request: Request, info: KnownTool) -> CallBody:
             ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {MAX_BODY_BYTES} bytes."
         )
     try:
+        check_text_depth(raw, envelope=1)  # {"arguments": ...}
         return CallBody.model_validate(strict_json(raw))
-    except JsonBodyError as exc:
+    except (JsonBodyError, NestingTooDeep) as exc:
         raise refused(ErrorCode.VALIDATION_FAILED, str(exc)) from None
     except ValidationError as exc:
         errors = field_errors(exc.errors())

@@ -18,7 +18,7 @@ from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
 from producers.http.door_state import RunBudget, SwitchCache
 from producers.http.jwt_auth import JwtAuthenticator
 from producers.http.metrics import Metrics
-from producers.http.ratelimit import RateLimiter
+from producers.http.ratelimit import DEFAULT_AUTH_FAILURES, AuthThrottle, RateLimiter
 from schemas.calls import CallQueries
 from schemas.groups import GroupService
 
@@ -59,6 +59,8 @@ class FrontDoor:
     limiter: RateLimiter | None = None
     # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)
     authenticator: Authenticator | None = None
+    # refused tokens per client address: the API, the console's sign-in and MCP over HTTP
+    auth_throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(DEFAULT_AUTH_FAILURES))
     budget: RunBudget | None = field(default_factory=RunBudget)
     approval_token_ttl: timedelta = DEFAULT_TOKEN_TTL
     switch_cache: SwitchCache = field(default_factory=SwitchCache)

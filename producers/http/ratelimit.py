@@ -1,4 +1,5 @@
-"""Rate limits at the front door: token buckets per (tenant, tool) and per tenant.
+"""Rate limits at the front door: token buckets per (tenant, tool) and per tenant, and of
+failed authentications per client address (:class:`AuthThrottle`).
 
 Policy file (JSON; other top-level sections are left to other parts of the policy)::
 
@@ -9,7 +10,8 @@ Policy file (JSON; other top-level sections are left to other parts of the polic
         "tools": {
           "charge_card":  {"per_tenant": {"rate": 1, "burst": 2}},
           "list_tickets": null
-        }
+        },
+        "auth_failures": {"rate": 1, "burst": 100}
       }
     }
 
@@ -24,6 +26,10 @@ Policy file (JSON; other top-level sections are left to other parts of the polic
   manifest or ``default`` has one), else its manifest's ``rate_limit`` (same shape as an entry
   of ``tools``, or a bare bucket meaning ``per_tenant``), else ``default``, else none. Without a
   policy file and without manifest limits nothing is limited (the helpdesk tools have none).
+- ``auth_failures``: the bucket of failed authentications (a bearer token or a console
+  sign-in token that is refused) per client address, and per first characters of an opaque
+  token; ``null`` switches it off. Default: a burst of 100, then one a second
+  (:data:`DEFAULT_AUTH_FAILURES`). See :class:`AuthThrottle`.
 - Naming a tool that is not registered, an unknown member or an impossible bucket is an error
   when the policy is loaded (a typo must not silently switch a limit off).
 
@@ -54,7 +60,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,11 +85,15 @@ class ToolLimit(BaseModel):
     per_tenant: Bucket | None = None
 
 
+DEFAULT_AUTH_FAILURES = Bucket(rate=1.0, burst=100)
+
+
 class RateLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     tenant: Bucket | None = None
     default: ToolLimit | None = None
     tools: dict[str, ToolLimit | None] = Field(default_factory=dict)
+    auth_failures: Bucket | None = DEFAULT_AUTH_FAILURES
 
 
 class PolicyFile(BaseModel):
@@ -197,15 +207,7 @@ class RateLimiter:
         return found
 
     def _level(self, key: tuple[str, ...], bucket: Bucket, now: float) -> _Level:
-        level = self._levels.get(key)
-        if level is None:
-            level = self._levels[key] = _Level(float(bucket.burst), now)
-        elif now > level.stamp:
-            level.tokens = min(
-                float(bucket.burst), level.tokens + (now - level.stamp) * bucket.rate
-            )
-            level.stamp = now
-        return level
+        return _refilled(self._levels, key, bucket, now)
 
     def acquire(self, tenant: str, tool: str) -> Refusal | None:
         """Take one token from every bucket of (tenant, tool), or none and say why."""
@@ -241,6 +243,70 @@ class RateLimiter:
             bucket = self.tenant_bucket if key[0] == "tenant" else self.tool_buckets.get(key[-1])
             if bucket is None or self._level(key, bucket, now).tokens >= bucket.burst:
                 del self._levels[key]
+
+    def __len__(self) -> int:
+        """How many buckets are remembered."""
+        return len(self._levels)
+
+
+def _refilled(
+    levels: dict[tuple[str, ...], _Level], key: tuple[str, ...], bucket: Bucket, now: float
+) -> _Level:
+    """The level of ``key``'s bucket at ``now`` (a new bucket starts full)."""
+    level = levels.get(key)
+    if level is None:
+        level = levels[key] = _Level(float(bucket.burst), now)
+    elif now > level.stamp:
+        level.tokens = min(float(bucket.burst), level.tokens + (now - level.stamp) * bucket.rate)
+        level.stamp = now
+    return level
+
+
+class AuthThrottle:
+    """Failed authentications, one token bucket per key (a client address, an opaque token's
+    first characters): each refused token takes one from every bucket of its attempt, and
+    while one of them is empty the next attempts with those keys are refused (``429``,
+    ``Retry-After``) *before* their token is checked, so that a right guess is not told apart
+    from a wrong one. A request without a token takes nothing. Like :class:`RateLimiter`, the
+    buckets live in one server process and full ones are forgotten."""
+
+    def __init__(self, bucket: Bucket | None, *, clock: Callable[[], float] = time.monotonic):
+        self.bucket = bucket
+        self._clock = clock
+        self._levels: dict[tuple[str, ...], _Level] = {}
+        self._lock = threading.Lock()
+        self._since_prune = 0
+
+    def wait_s(self, keys: Sequence[tuple[str, ...]]) -> int | None:
+        """Whole seconds until an attempt with ``keys`` may be checked again; None: now."""
+        if self.bucket is None:
+            return None
+        with self._lock:
+            now = self._clock()
+            short = [
+                1.0 - level.tokens
+                for level in (_refilled(self._levels, k, self.bucket, now) for k in keys)
+                if level.tokens < 1.0
+            ]
+        if not short:
+            return None
+        return max(1, math.ceil(max(short) / self.bucket.rate - 1e-9))
+
+    def failed(self, keys: Sequence[tuple[str, ...]]) -> None:
+        """An attempt with ``keys`` presented a token that was refused."""
+        if self.bucket is None:
+            return
+        with self._lock:
+            now = self._clock()
+            for key in keys:
+                level = _refilled(self._levels, key, self.bucket, now)
+                level.tokens = max(0.0, level.tokens - 1.0)
+            self._since_prune += 1
+            if self._since_prune >= PRUNE_EVERY:
+                self._since_prune = 0
+                for key in list(self._levels):
+                    if _refilled(self._levels, key, self.bucket, now).tokens >= self.bucket.burst:
+                        del self._levels[key]
 
     def __len__(self) -> int:
         """How many buckets are remembered."""

@@ -36,6 +36,8 @@ from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
 
 ACME = TrustedContext("acme", "agent-a")
+# the user the agent acts for, with her own credential: confirms what her agent asked for
+USER = TrustedContext("acme", "agent-a", frozenset({"approvals:confirm"}))
 OPERATOR = TrustedContext("acme", "op@acme", frozenset({"tools:call", "operator"}))
 EMAIL: dict[str, object] = {
     "to": "customer@example.com",
@@ -138,7 +140,8 @@ def agent_for(desk: Desk, model: ScriptedModel) -> Agent[LedgerRun]:
 async def test_an_approved_interruption_runs_the_call_once(desk: Desk) -> None:
     model = ScriptedModel([[tool_call("call_1", "send_email", EMAIL)], [final("Sent.")]])
     agent = agent_for(desk, model)
-    run = LedgerRun("run-openai-approve", ACME)
+    # the application says who confirms: the user, with her own credential
+    run = LedgerRun("run-openai-approve", ACME, approver=USER, approvals=desk.approvals_as(USER))
     key = derive_idempotency_key(run.run_id, "send_email#1")
 
     interrupted = await Runner.run(agent, "Tell the customer", context=run)
@@ -156,6 +159,18 @@ async def test_an_approved_interruption_runs_the_call_once(desk: Desk) -> None:
     read = tool_output(model, "call_1")
     assert read["ok"] is True and read["replayed"] is False
     assert desk.effects("send_email", key) == 1 and run.planned == {}
+
+
+async def test_the_agents_own_credential_does_not_confirm_its_call(desk: Desk) -> None:
+    model = ScriptedModel([[tool_call("call_1", "send_email", EMAIL)], [final("Not sent.")]])
+    run = LedgerRun("run-openai-self", ACME)  # decisions as the tools' approvals: the agent's
+    interrupted = await Runner.run(agent_for(desk, model), "Tell the customer", context=run)
+    state = interrupted.to_state()
+    state.approve(interrupted.interruptions[0])
+    await Runner.run(agent_for(desk, model), state)
+    read = tool_output(model, "call_1")
+    assert read["error"]["code"] == "FORBIDDEN" and "approvals:confirm" in read["error"]["message"]
+    assert desk.effects("send_email", derive_idempotency_key(run.run_id, "send_email#1")) == 0
 
 
 async def test_a_rejected_interruption_denies_the_request(desk: Desk) -> None:
@@ -243,11 +258,19 @@ async def test_anthropic_pending_approvals_then_decisions(desk: Desk) -> None:
         tool_use("toolu_2", "send_email", EMAIL),
         tool_use("toolu_3", "charge_card", {**CHARGE, "amount_cents": 500}),  # the user's
     ]
-    approvals = desk.approvals_as(ACME)
+    approvals = desk.approvals_as(USER)  # the human the application names: the user
 
     async def run_turn(**options: Any) -> Any:
         return await execute_tool_uses(
-            turn, desk.client, desk.tools, ACME, "run-claude", 0, approvals=approvals, **options
+            turn,
+            desk.client,
+            desk.tools,
+            ACME,
+            "run-claude",
+            0,
+            approvals=approvals,
+            approver=USER,
+            **options,
         )
 
     first = await run_turn()
@@ -285,6 +308,34 @@ async def test_anthropic_pending_approvals_then_decisions(desk: Desk) -> None:
     again = await run_turn(decisions={"toolu_2": Approve()})
     assert content_of(again[1])["replayed"] is True and again.pending == ()
     assert desk.effects("send_email", email_key) == 1
+
+
+async def test_anthropic_an_approval_nobody_was_named_for_stays_pending(desk: Desk) -> None:
+    """Without ``approver`` or ``approvals`` the adapter does not decide as the agent's own
+    context: the tool use stays pending with the refusal, nothing runs; the agent's context
+    named as the approver is refused too."""
+    turn = [tool_use("toolu_1", "send_email", EMAIL)]
+    run = "run-claude-unnamed"
+    nobody = await execute_tool_uses(
+        turn, desk.client, desk.tools, ACME, run, 0, decisions={"toolu_1": Approve()}
+    )
+    [pending] = nobody.pending
+    assert pending.refused is not None and pending.refused.code == "FORBIDDEN"
+    assert "named nobody" in pending.refused.message
+    itself = await execute_tool_uses(
+        turn,
+        desk.client,
+        desk.tools,
+        ACME,
+        run,
+        0,
+        decisions={"toolu_1": Approve()},
+        approvals=desk.approvals_as(ACME),
+        approver=ACME,
+    )
+    [pending] = itself.pending
+    assert pending.refused is not None and pending.refused.code == "FORBIDDEN"
+    assert desk.effects("send_email", derive_idempotency_key(run, pending.step_id)) == 0
 
 
 async def test_anthropic_a_refused_decision_stays_pending(desk: Desk) -> None:

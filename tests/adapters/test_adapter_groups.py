@@ -48,6 +48,8 @@ from toolledger import Ledger, TrustedContext
 from toolledger.embedded import EmbeddedLedger
 
 ACME = TrustedContext("acme", "agent-a")
+# the user the agent acts for, with her own credential: confirms what her agent asked for
+USER = TrustedContext("acme", "agent-a", frozenset({"approvals:confirm"}))
 OPERATOR = TrustedContext("acme", "op@acme", frozenset({"tools:call", "operator"}))
 EMAIL: dict[str, object] = {"to": "customer@example.com", "subject": "Refund", "body": "Done."}
 SLOW: dict[str, object] = {"payload": "first", "fault": "slow", "delay_ms": 300}
@@ -288,7 +290,13 @@ async def test_an_approval_pauses_the_group_and_decisions_resume_it(desk: Desk) 
     assert desk.effects("run-approve", "send_email", 1) == 0
     assert desk.effects("run-approve", "flaky_write", 1) == 0
 
-    decided = await desk.turn(turn, "run-approve", decisions={"toolu_2": Approve()})
+    # the application names nobody: the agent's own context does not confirm; still waiting
+    unnamed = await desk.turn(turn, "run-approve", decisions={"toolu_2": Approve()})
+    [still] = unnamed.pending
+    assert still.refused is not None and still.refused.code == "FORBIDDEN"
+    assert desk.effects("run-approve", "send_email", 1) == 0
+    as_user = {"approvals": desk.approvals_as(USER), "approver": USER}
+    decided = await desk.turn(turn, "run-approve", decisions={"toolu_2": Approve()}, **as_user)
     assert decided.pending == ()
     assert [content_of(r)["ok"] for r in decided] == [True, True, True]
     assert [content_of(r)["replayed"] for r in decided] == [True, False, False]
@@ -296,7 +304,7 @@ async def test_an_approval_pauses_the_group_and_decisions_resume_it(desk: Desk) 
     assert desk.effects("run-approve", "send_email", 1) == 1
     assert desk.effects("run-approve", "flaky_write", 1) == 1
 
-    again = await desk.turn(turn, "run-approve", decisions={"toolu_2": Approve()})
+    again = await desk.turn(turn, "run-approve", decisions={"toolu_2": Approve()}, **as_user)
     assert [content_of(r)["replayed"] for r in again] == [True, True, True]
     assert desk.effects("run-approve", "send_email", 1) == 1
     assert len(await desk.groups_of("run-approve")) == 1

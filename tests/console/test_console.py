@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from tests.console.support import IDLE_S, console, csrf_of, own_origin, sign_in
-from tests.http.servers import ACME, CAROL, GLOBEX, OPERATOR, SELF_OP, Server, Token
+from tests.http.servers import ACME, ALICE_CONFIRM, CAROL, GLOBEX, OPERATOR, SELF_OP, Server, Token
 
 CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
 
@@ -171,7 +171,13 @@ def test_decisions_follow_the_apis_rules(server: Server) -> None:
         assert client.get("/console/switches").status_code == 403
         assert client.get("/console/stats").status_code == 403
     with console(server) as client:
-        csrf = sign_in(client, ACME)  # alice confirms her own agent's email (a user request)
+        csrf = sign_in(client, ACME)  # her agent's token asked for it: it does not confirm it
+        shown = client.get(f"/console/approvals/{alices}").text
+        assert "You cannot approve this request" in shown and "approvals:confirm" in shown
+        agent = _post(client, server, f"/console/approvals/{alices}/approve", csrf=csrf)
+        assert agent.status_code == 403
+    with console(server) as client:
+        csrf = sign_in(client, ALICE_CONFIRM)  # alice confirms her own agent's email herself
         assert "Approve this exact call" in client.get(f"/console/approvals/{alices}").text
         denied = _post(
             client, server, f"/console/approvals/{alices}/deny", csrf=csrf, reason="not today"

@@ -102,7 +102,8 @@ async def test_tokens_bind_to_the_exact_call(ledger: Harness) -> None:
     request = _request(await _charge(ledger, "pay-b"))
     _, token = await _approve(ledger, request)
     other_args = {**CHARGE, "amount_cents": 999_999}
-    _refused(await _charge(ledger, "pay-b", token, other_args), "APPROVAL_INVALID")
+    # other arguments under the request's key: a reused key, whatever token comes with them
+    _refused(await _charge(ledger, "pay-b", token, other_args), "IDEMPOTENCY_KEY_REUSED")
     _refused(await _charge(ledger, "pay-b", token[:-4]), "APPROVAL_INVALID")  # truncated
     _refused(await _charge(ledger, "pay-b", "apt_forged"), "APPROVAL_INVALID")
     other_tenant = await ledger.client.call(
@@ -113,6 +114,26 @@ async def test_tokens_bind_to_the_exact_call(ledger: Harness) -> None:
     # the refusals consumed nothing: the right call still runs
     assert (await _charge(ledger, "pay-b", token)).ok
     assert ledger.effects("charge_card", "pay-b") == 1
+
+
+async def test_other_arguments_on_a_key_with_only_an_approval_request_are_a_reused_key(
+    ledger: Harness,
+) -> None:
+    request = _request(await _charge(ledger, "pay-taken"))
+    # no call ran under the key, but its request took it for these arguments: other arguments
+    # are refused at once, as against a finished call, and open no second request
+    for amount in (999, 1_000_000):
+        other = await _charge(ledger, "pay-taken", args={**CHARGE, "amount_cents": amount})
+        _refused(other, "IDEMPOTENCY_KEY_REUSED")
+        assert other.error is not None and "first used with other" in other.error.message
+    assert _request(await _charge(ledger, "pay-taken")).approval_id == request.approval_id
+    _, token = await _approve(ledger, request)
+    _refused(
+        await _charge(ledger, "pay-taken", token, {**CHARGE, "amount_cents": 999}),
+        "IDEMPOTENCY_KEY_REUSED",
+    )
+    assert (await _charge(ledger, "pay-taken", token)).ok  # the request's own call runs, once
+    assert ledger.effects("charge_card", "pay-taken") == 1
 
 
 async def test_racing_calls_cannot_both_use_a_token(ledger: Harness) -> None:
@@ -251,9 +272,11 @@ def _payout_tool(ledger: Harness, runs: list[int]) -> None:
 
 
 async def test_an_open_approval_keeps_its_key_from_expiring(ledger: Harness) -> None:
-    """A key with an approval still to be decided does not expire, whichever call asks: here
-    a small payout that needs no approval ran under the key while a large one waits for its
-    approval. Once the approval is decided, the key expires as any other."""
+    """A key with an approval still to be decided does not expire, whichever call asks: past
+    its retention the same call is answered by the same request, and a small payout that
+    needs no approval is refused as a reused key (the key is the large one's while it waits
+    for its approval). Once the approval is decided, the key expires as any other, and the
+    small payout runs as a new call."""
     runs: list[int] = []
     _payout_tool(ledger, runs)
     ledger.registry.set_default_key_retention(timedelta(seconds=1))
@@ -264,25 +287,24 @@ async def test_an_open_approval_keeps_its_key_from_expiring(ledger: Harness) -> 
         )
 
     request = _request(await pay(5_000))
-    first = await pay(10)
-    assert first.ok and not first.replayed, first
+    _refused(await pay(10), "IDEMPOTENCY_KEY_REUSED")
     await asyncio.sleep(2.5)  # past the retention, twice over the executor's sweep
-    row = await ledger.call_row(first.call_id)
-    assert row is not None and row["expired_at"] is None, row
-    again = await pay(10)
-    assert again.ok and again.replayed and again.result == first.result, again
-    assert runs == [10]
+    assert _request(await pay(5_000)).approval_id == request.approval_id
+    _refused(await pay(10), "IDEMPOTENCY_KEY_REUSED")
+    assert runs == []
 
     record = governance.deny(_target(request), "op@acme", "not this one", datetime.now(UTC))
     assert isinstance(await ledger.client.command(record), ApprovalDenied)
 
     async def runs_as_new() -> bool:
         result = await pay(10)
-        assert result.ok, result
-        return not result.replayed
+        if result.error is not None and result.error.code == "IDEMPOTENCY_KEY_REUSED":
+            return False  # the denial's retention has not passed yet
+        assert result.ok and not result.replayed, result
+        return True
 
     await eventually(runs_as_new)
-    assert runs == [10, 10]
+    assert runs == [10]
 
 
 async def test_a_key_that_only_had_approval_requests_expires(ledger: Harness) -> None:

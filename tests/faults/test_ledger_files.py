@@ -4,19 +4,26 @@ the file is left byte for byte as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
+import re
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers.client import TrustedContext
-from tests.http.servers import ROOT, write_tokens
+from tests.faults.serve import EmbeddedServe
+from tests.http.servers import ROOT, free_port, write_tokens
 from toolledger.embedded import EmbeddedLedger
 
 AGENT = TrustedContext("acme", "alice")
@@ -81,7 +88,7 @@ TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
     "emptied": (_empty, "is empty"),
     "emptied-without-wal": (_empty_without_wal, "is empty"),
     "deleted-wal-left": (_delete_keep_wal, "write-ahead log"),
-    "deleted": (_delete, "does not exist"),
+    "deleted": (_delete, "was deleted or moved"),
     "damaged": (_damage, "is damaged"),
     "foreign": (_not_sqlite, "not an SQLite database"),
 }
@@ -105,11 +112,10 @@ async def test_a_tampered_ledger_is_refused_untouched_with_one_line(
     assert "Traceback" not in message
     after = {p.name: _digest(p) for p in (db, db.with_name("ledger.db-wal"))}
     assert after == before  # nothing was written to the file or its WAL
-    if name != "deleted":
-        # --create makes a ledger only where none is: it never replaces a file
-        again = _serve(tmp_path, "--create")
-        assert again.returncode == 2, again.stdout
-        assert {p.name: _digest(p) for p in (db, db.with_name("ledger.db-wal"))} == before
+    # --create makes a ledger only where none ever was: it never replaces one
+    again = _serve(tmp_path, "--create")
+    assert again.returncode == 2, again.stdout
+    assert {p.name: _digest(p) for p in (db, db.with_name("ledger.db-wal"))} == before
 
 
 def test_init_makes_a_ledger_once_and_never_again(tmp_path: Path) -> None:
@@ -135,3 +141,149 @@ async def test_another_ledgers_file_put_in_place_is_refused_untouched(tmp_path: 
     assert str(db) in message and "another ledger" in message, message
     assert len(message.splitlines()) == 1, message
     assert _digest(db) == before
+
+
+def _one_line(refused: subprocess.CompletedProcess[str]) -> str:
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    message = (refused.stdout + refused.stderr).strip()
+    assert len(message.splitlines()) == 1, message
+    assert "Traceback" not in message
+    return message
+
+
+def _effects(data: Path) -> list[tuple[str, int]]:
+    with sqlite3.connect(data / "helpdesk.db") as conn:
+        rows = conn.execute(
+            "SELECT idempotency_key, COUNT(*) FROM effects GROUP BY idempotency_key ORDER BY 1"
+        ).fetchall()
+    return [(str(k), int(n)) for k, n in rows]
+
+
+@pytest.mark.parametrize(
+    "left",
+    [
+        ("ledger.db.id", "ledger.db.lock", "helpdesk.db"),  # ledger.db deleted: the probe's case
+        ("ledger.db.id",),
+        ("ledger.db.lock",),
+        ("ledger.db-shm",),
+        ("helpdesk.db",),  # every trace of the ledger deleted, not its tools' store
+    ],
+    ids=lambda left: "+".join(left),
+)
+async def test_serve_create_where_a_ledger_was_refuses_and_runs_nothing_again(
+    tmp_path: Path, left: tuple[str, ...]
+) -> None:
+    data = tmp_path / "data"
+    await _ledger_with_calls(data)
+    effects = _effects(data)
+    assert [n for _, n in effects] == [1] * 20
+    keep = set(left) | ({"helpdesk.db-wal", "helpdesk.db-shm"} if "helpdesk.db" in left else set())
+    for path in data.iterdir():
+        if path.name not in keep:
+            path.unlink()
+    if "ledger.db-shm" in left and not (data / "ledger.db-shm").exists():
+        (data / "ledger.db-shm").write_bytes(b"\x00" * 32768)
+    kept = {p.name: _digest(p) for p in data.iterdir() if not p.name.endswith("-shm")}
+    for extra in (("--create",), ()):
+        message = _one_line(_serve(tmp_path, *extra))
+        assert str(data / "ledger.db") in message, message
+        assert "deleted or moved" in message and "delete the whole directory" in message
+    # nothing made, nothing run (a reader of a store's WAL writes its shared memory)
+    assert {p.name: _digest(p) for p in data.iterdir() if not p.name.endswith("-shm")} == kept
+    if "helpdesk.db" in left:
+        assert _effects(data) == effects
+
+
+async def test_serve_create_in_a_directory_that_never_held_a_ledger_makes_one(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("the operator's notes\n")
+    assert "does not exist" in _one_line(_serve(tmp_path))  # not new: only with --create
+    server = EmbeddedServe.new(tmp_path, "--create", data=data)
+    server.start()
+    try:
+        async with server.client() as client:
+            ran = await client.post(
+                "/v1/tools/create_ticket/calls",
+                json={"arguments": {"title": "first"}},
+                headers={"Idempotency-Key": "first"},
+            )
+        assert ran.status_code == 200, ran.text
+    finally:
+        server.stop()
+    assert (data / "ledger.db").exists() and server.effects("create_ticket", "first") == 1
+
+
+def _make_serve(dev: Path, port: int, name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = dev.parent / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["make", "--no-print-directory", "serve", f"DEV_DIR={dev}", f"SERVE_PORT={port}"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # make and the server it starts: one group to stop
+        )
+    return process, log
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def _ready(process: subprocess.Popen[bytes], log: Path, port: int) -> str:
+    """The agent token ``make serve`` printed, once the server answers."""
+    deadline = time.monotonic() + 90
+    while True:
+        assert process.poll() is None, log.read_text()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                break
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    found = re.search(r"AGENT=(\S+)", log.read_text())
+    assert found is not None, log.read_text()
+    return found.group(1)
+
+
+def _charge(port: int, token: str) -> httpx.Response:
+    return httpx.post(
+        f"http://127.0.0.1:{port}/v1/tools/create_ticket/calls",
+        json={"arguments": {"title": "make serve"}},
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "make-1"},
+        timeout=60,
+    )
+
+
+def test_make_serve_keeps_its_ledger_and_refuses_once_it_was_deleted(tmp_path: Path) -> None:
+    dev, port = tmp_path / "dev", free_port()
+    first, log = _make_serve(dev, port, "first")
+    try:
+        ran = _charge(port, _ready(first, log, port))
+        assert ran.status_code == 200 and "idempotent-replayed" not in ran.headers, ran.text
+    finally:
+        _stop(first)
+    second, log = _make_serve(dev, port, "second")
+    try:
+        again = _charge(port, _ready(second, log, port))  # new tokens, the same ledger
+        assert again.status_code == 200, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+    finally:
+        _stop(second)
+    data = dev / "data"
+    (data / "ledger.db").unlink()
+    for side in ("ledger.db-wal", "ledger.db-shm"):
+        (data / side).unlink(missing_ok=True)
+    third, log = _make_serve(dev, port, "third")
+    try:
+        assert third.wait(timeout=90) != 0
+    finally:
+        _stop(third)
+    refusal = [line for line in log.read_text().splitlines() if "ledger.db" in line]
+    assert len(refusal) == 1 and "deleted or moved" in refusal[0], log.read_text()
+    assert not (data / "ledger.db").exists()
+    assert _effects(data) == [("make-1", 1)]

@@ -19,14 +19,18 @@ BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.services)]
 
 
 def serving(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, name: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *extra: str,
 ) -> Iterator[Server]:
-    """A server of the backend ``request.param`` names, in a new directory, until the end."""
+    """A server (with ``extra`` options) of the backend ``request.param`` names, in a new
+    directory, until the end."""
     workdir = tmp_path_factory.mktemp(f"{name}-{request.param}")
     if request.param == "kafka":
-        running = start_distributed(workdir, request.getfixturevalue("services"))
+        running = start_distributed(workdir, request.getfixturevalue("services"), *extra)
     else:
-        running = start_embedded(workdir)
+        running = start_embedded(workdir, *extra)
     try:
         yield running
     finally:

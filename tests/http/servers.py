@@ -52,6 +52,8 @@ JOB_REPORTER = Token(f"jobs-{uuid.uuid4().hex}", "acme", "export-worker", ("jobs
 GLOBEX_REPORTER = Token(f"gjobs-{uuid.uuid4().hex}", "globex", "g-worker", ("jobs:report",))
 # another user of alice's tenant: may not decide what alice's agent asked for
 CAROL = Token(f"carol-{uuid.uuid4().hex}", "acme", "carol", ("tools:call",))
+# alice's own credential (ACME is her agent's): confirms what her agent asked for
+ALICE_CONFIRM = Token(f"alice-{uuid.uuid4().hex}", "acme", "alice", ("approvals:confirm",))
 TOKENS = (
     ACME,
     GLOBEX,
@@ -62,6 +64,7 @@ TOKENS = (
     JOB_REPORTER,
     GLOBEX_REPORTER,
     CAROL,
+    ALICE_CONFIRM,
 )
 
 
@@ -223,7 +226,8 @@ class Server:
         return self._query("SELECT COUNT(*) FROM effects WHERE idempotency_key = ?", (key,))
 
 
-def start_embedded(workdir: Path) -> Server:
+def start_embedded(workdir: Path, *extra: str) -> Server:
+    """``toolledger serve`` (with ``extra`` options) on a new data directory."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     data = workdir / "data"
@@ -231,7 +235,7 @@ def start_embedded(workdir: Path) -> Server:
     server = Server("embedded", f"http://127.0.0.1:{port}", data / "helpdesk.db", 5.0)
     server.ledger_db = data / "ledger.db"
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--data", str(data), "--tokens", str(tokens)]
+    args += ["--data", str(data), "--tokens", str(tokens), *extra]
     server.processes.append(spawn("server", args, workdir))
     try:
         server.wait_ready()
@@ -242,11 +246,15 @@ def start_embedded(workdir: Path) -> Server:
 
 
 def start_distributed(
-    workdir: Path, services: Services, *, front: str = "serve", prefix: str | None = None
+    workdir: Path,
+    services: Services,
+    *extra: str,
+    front: str = "serve",
+    prefix: str | None = None,
 ) -> Server:
-    """Executor + projector + front door on fresh topics (or on the topics of ``prefix``,
-    made beforehand) and a fresh database; ``front`` ``"mcp"``: ``toolledger mcp --transport
-    http`` instead of ``serve``."""
+    """Executor + projector + front door (with ``extra`` options) on fresh topics (or on the
+    topics of ``prefix``, made beforehand) and a fresh database; ``front`` ``"mcp"``:
+    ``toolledger mcp --transport http`` instead of ``serve``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     dsn = asyncio.run(services.fresh_database())
@@ -278,7 +286,7 @@ def start_distributed(
         args = ["serve"] if front == "serve" else ["mcp", "--transport", "http"]
         args += ["--host", "127.0.0.1", "--port", str(port)]
         args += ["--data", str(workdir / "server"), "--tokens", str(tokens)]
-        args += [*common, "--postgres", dsn]
+        args += [*common, "--postgres", dsn, *extra]
         if front == "mcp":
             server.ready_path = "/healthz"
         server.processes.append(spawn("server", args, workdir))

@@ -1,7 +1,8 @@
 """Approvals that travel with the call (issue 13 §1-2, §5), on both backends:
 
-- who decides: ``user`` requests are confirmed by the user the call runs for (or an operator),
-  never by another user (403); ``operator`` requests need four eyes;
+- who decides: ``user`` requests are confirmed by the user the call runs for with their own
+  credential (scope ``approvals:confirm``), never with the agent's token that made the call,
+  nor by another user (403), or by an operator; ``operator`` requests need four eyes;
 - once granted, the same key and arguments go ahead without a token, once;
 - the call resource of a call that waits shows its ``approval``;
 - a call sent again with ``Prefer: wait=N`` waits for the decision, then answers the call
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 
 from tests.http.helpers import assert_call, assert_problem, post_call
-from tests.http.servers import ACME, CAROL, GLOBEX, OPERATOR, Server, Token
+from tests.http.servers import ACME, ALICE_CONFIRM, CAROL, GLOBEX, OPERATOR, Server, Token
 
 EMAIL = {"to": "a@example.com", "subject": "Your refund", "body": "It is on its way."}
 SMALL = {"customer_id": "cus_small_1", "amount_cents": 900, "currency": "USD"}  # the user's
@@ -52,7 +53,10 @@ async def test_the_user_confirms_their_own_agents_email_and_the_retry_needs_no_t
     assert waiting.json()["approval"]["id"] == request["id"]
     assert waiting.json()["approval"]["status"] == "pending"
 
-    approved = await _decide(client, request["id"], "approve", ACME)  # alice herself
+    # the token that made the call does not confirm it: an agent holding it cannot say yes
+    agent = assert_problem(await _decide(client, request["id"], "approve", ACME), 403, "FORBIDDEN")
+    assert "approvals:confirm" in agent["detail"]
+    approved = await _decide(client, request["id"], "approve", ALICE_CONFIRM)  # alice herself
     assert approved.status_code == 200, approved.text
     decided = approved.json()
     assert decided["approver"] == "alice" and decided["decided_at"]
@@ -64,7 +68,9 @@ async def test_the_user_confirms_their_own_agents_email_and_the_retry_needs_no_t
     again = await post_call(client, "send_email", EMAIL, key=key)
     assert assert_call(again, "SUCCEEDED", replayed=True)["call_id"] == call["call_id"]
     assert server.effects("acme", "send_email", key) == 1
-    assert_problem(await _decide(client, request["id"], "approve", ACME), 409, "APPROVAL_INVALID")
+    assert_problem(
+        await _decide(client, request["id"], "approve", ALICE_CONFIRM), 409, "APPROVAL_INVALID"
+    )
 
 
 async def test_a_grant_is_bound_to_its_arguments(
@@ -74,10 +80,10 @@ async def test_a_grant_is_bound_to_its_arguments(
     assert request["approver_kind"] == "operator"
     assert (await _decide(client, request["id"], "approve", OPERATOR)).status_code == 200
     other = {**LARGE, "amount_cents": 9001}
-    # other arguments with the key: the grant does not move to them, they need their own
-    refused = assert_problem(await post_call(client, "charge_card", other, key=key), 428,
-                             "APPROVAL_REQUIRED")  # fmt: skip
-    assert refused["approval_request"]["id"] != request["id"]
+    # other arguments with the key: the grant does not move to them, and the key is the
+    # request's arguments' (a reused key, no request of their own)
+    refused = await post_call(client, "charge_card", other, key=key)
+    assert_problem(refused, 422, "IDEMPOTENCY_KEY_REUSED")
     assert server.effects("acme", "charge_card", key) == 0
     done = await post_call(client, "charge_card", LARGE, key=key)
     assert_call(done, "SUCCEEDED", replayed=False)
@@ -91,10 +97,11 @@ async def test_a_small_charge_is_the_users_and_a_large_one_needs_four_eyes(
     assert small["approver_kind"] == "user"
     large = await _ask(client, "charge_card", LARGE, key + "-large")
     forbidden = assert_problem(
-        await _decide(client, large["id"], "approve", ACME), 403, "FORBIDDEN"
+        await _decide(client, large["id"], "approve", ALICE_CONFIRM), 403, "FORBIDDEN"
     )
     assert "operator" in forbidden["detail"]
-    assert (await _decide(client, small["id"], "approve", ACME)).status_code == 200
+    assert_problem(await _decide(client, small["id"], "approve", ACME), 403, "FORBIDDEN")
+    assert (await _decide(client, small["id"], "approve", ALICE_CONFIRM)).status_code == 200
     assert_call(await post_call(client, "charge_card", SMALL, key=key + "-small"), "SUCCEEDED",
                 replayed=False)  # fmt: skip
     assert server.effects("acme", "charge_card", key + "-large") == 0

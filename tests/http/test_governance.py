@@ -115,8 +115,12 @@ async def test_bad_tokens_get_approval_invalid_and_run_nothing(
     server: Server, client: httpx.AsyncClient, key: str
 ) -> None:
     token = await approval_token(client, "charge_card", CHARGE, key)
+    # other arguments under the request's key: a reused key, whatever token comes with them
+    other = await post_call(
+        client, "charge_card", {**CHARGE, "amount_cents": 1}, key=key, approval_token=token
+    )
+    assert_problem(other, 422, "IDEMPOTENCY_KEY_REUSED")
     cases = {
-        "other arguments": ({**CHARGE, "amount_cents": 1}, token, client.headers),
         "truncated": (CHARGE, token[:20], client.headers),
         "forged": (CHARGE, "apt_" + "A" * 43, client.headers),
         "another tenant": (CHARGE, token, GLOBEX.headers),

@@ -1,6 +1,7 @@
 """``make serve`` takes a new user to an approved ``charge_card`` with the commands it prints
-(issue 13, "Done when"): the printed curl commands are run as printed, with the two printed
-tokens, against the server it started."""
+(issue 13, "Done when"): the printed curl commands are run as printed, with the three printed
+tokens, against the server it started: a large charge the operator approves (four eyes), and
+a small one alice confirms with her own token, which the agent's token cannot (issue 33)."""
 
 from __future__ import annotations
 
@@ -60,13 +61,13 @@ def test_the_printed_commands_take_a_new_user_to_an_approved_charge(tmp_path: Pa
             if "listening on" in line:
                 break
         printed = "".join(lines)
-        tokens = dict(re.findall(r"^\s+(AGENT|OPERATOR)=(\S+)$", printed, re.M))
-        assert set(tokens) == {"AGENT", "OPERATOR"}, printed
+        tokens = dict(re.findall(r"^\s+(AGENT|USER|OPERATOR)=(\S+)$", printed, re.M))
+        assert set(tokens) == {"AGENT", "USER", "OPERATOR"}, printed
         assert "/console" in printed
         env = {**os.environ, **tokens}
         commands = _printed_commands(lines)
-        charge = next(c for c in commands if "charge_card" in c)
-        approve = next(c for c in commands if "/approve" in c)
+        charge, small_charge = [c for c in commands if "charge_card" in c]
+        approve, confirm = [c for c in commands if "/approve" in c]
 
         asked = _run(charge, env)
         assert asked["code"] == "APPROVAL_REQUIRED", asked
@@ -78,6 +79,18 @@ def test_the_printed_commands_take_a_new_user_to_an_approved_charge(tmp_path: Pa
         assert done["status"] == "SUCCEEDED", done
         again = _run(charge, env)
         assert again["call_id"] == done["call_id"] and again["result"] == done["result"]
+
+        asked = _run(small_charge, env)
+        assert asked["code"] == "APPROVAL_REQUIRED", asked
+        request = asked["approval_request"]
+        assert isinstance(request, dict) and request["approver_kind"] == "user"
+        confirm = confirm.replace("<id>", str(request["id"]))
+        by_agent = _run(confirm.replace("$USER", "$AGENT"), env)
+        assert by_agent["status"] == 403 and by_agent["code"] == "FORBIDDEN", by_agent
+        confirmed = _run(confirm, env)
+        assert confirmed["approver"] == "alice" and confirmed["decided_at"], confirmed
+        done = _run(small_charge, env)
+        assert done["status"] == "SUCCEEDED", done
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

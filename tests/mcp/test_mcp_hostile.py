@@ -30,6 +30,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from processors.toolsets.helpdesk import HelpdeskStore
 from producers.mcp_groups import GET_GROUP, RESUME_GROUP, RUN_GROUP
 from schemas.groups import step_key
+from schemas.nesting import MAX_DEPTH
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
 from tests.http.servers import Server
@@ -285,12 +286,13 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize("depth", [100, 1_000, 100_000])
+@pytest.mark.parametrize("depth", [60, 100, 1_000, 100_000])
 async def test_deeply_nested_params_get_a_clear_error(
     acme: Session, http_server: Deployment, depth: int
 ) -> None:
-    """Nesting the tool's model does not allow is its validation error; nesting past the JSON
-    parser's limit (a few hundred levels) is a Parse error that says so. Never a 5xx."""
+    """Nesting the tool's model does not allow is its validation error; nesting past the
+    arguments' limit (64 levels, docs/limits.md) is refused before the JSON parser reads the
+    request: 400 with an Invalid params error that names the limit. Never a 5xx."""
     before = effects(http_server)
     key = new_key()
     arguments = f'{{"title": {nested(depth)}, "idempotency_key": "{key}"}}'
@@ -299,12 +301,13 @@ async def test_deeply_nested_params_get_a_clear_error(
         f'{{"name": "create_ticket", "arguments": {arguments}}}}}'
     ).encode()
     response = await acme.post(raw)
-    if depth <= 100:
+    if depth <= MAX_DEPTH:
         assert tool_error(rpc_answer(response)) == "VALIDATION_FAILED"
     else:
         assert response.status_code == 400, response.text
         error = response.json()["error"]
-        assert error["code"] == types.PARSE_ERROR and "recursion limit" in error["message"]
+        assert error["code"] == types.INVALID_PARAMS
+        assert f"the limit is {MAX_DEPTH} levels" in error["message"]
     assert effects(http_server) == before
     await assert_alive(acme)
 

@@ -318,7 +318,9 @@ async def one_door(root: Path, keys: Keys) -> AsyncIterator[Door]:
             root, helpdesk_registry(store), security, create=True
         ) as door:
             port = free_port()
-            app = mcp_server(door, wait_s=10).http_app(door_authenticator(door), host="127.0.0.1")
+            app = mcp_server(door, wait_s=10).http_app(
+                door_authenticator(door), throttle=door.auth_throttle, host="127.0.0.1"
+            )
             transport = httpx.ASGITransport(app=create_app(door))
             async with (
                 uvicorn_serving(app, port),

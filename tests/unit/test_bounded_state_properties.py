@@ -289,6 +289,8 @@ class ApprovalModel:
                 held.request = (approval_id_for(intent_id), expires, False)
             held.book_at = at  # asked again while open: the same request answers
             return f"asked:{held.request[0]}"
+        if held.request is not None:  # the key is its request's arguments': reused
+            return "refused"
         held.call = (value, at)
         self.effects[key] += 1
         return "executed"

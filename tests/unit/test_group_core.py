@@ -100,6 +100,7 @@ PAIR = parsed(
         step("c", "notify", {"to": "ops"}, ["a", "b"]),
     )
 )
+BAD_PATH_STOP = parsed({**BAD_PATH.as_body(), "on_failure": "stop"})
 READ = parsed(body(step("a", "list_tickets"), step("b", "notify", {"to": ref("a", "0.id")})))
 
 
@@ -424,27 +425,49 @@ ROWS: list[Row] = [
         ["finish NEEDS_ATTENTION"],
         GroupStatus.NEEDS_ATTENTION,
     ),
-    # ---- a path missing at run time
+    # ---- a path missing at run time: the step fails without a call, and what follows from
+    # that is decided with it (nothing else would wake the runner: no call is in flight)
     Row(
-        "path/the-step-fails-without-a-call",
+        "path/the-step-fails-without-a-call-and-compensation-follows",
         BAD_PATH,
         run("a"),
-        ["fail b"],
+        ["fail b", "compensate a via close_ticket"],
         GroupStatus.COMPENSATING,
     ),
     Row(
-        "path/then-compensation-follows",
+        "path/then-the-group-ends-compensated",
         BAD_PATH,
-        [*run("a"), record_decided()],
-        ["compensate a via close_ticket"],
-        GroupStatus.COMPENSATING,
+        [*run("a"), record_decided(), comp_ok("a")],
+        ["finish COMPENSATED"],
+        GroupStatus.COMPENSATED,
+    ),
+    Row(
+        "path/with-an-unbuildable-compensation-the-group-ends-at-once",
+        BAD_PATH,
+        [start("a"), ok("a", {"no_ticket_id": True})],
+        ["fail b", "fail-compensation a", "finish NEEDS_ATTENTION"],
+        GroupStatus.NEEDS_ATTENTION,
+    ),
+    Row(
+        "path/a-stopped-group-ends-failed-at-once",
+        BAD_PATH_STOP,
+        run("a"),
+        ["fail b", "finish FAILED"],
+        GroupStatus.FAILED,
+    ),
+    Row(
+        "path/a-resume-of-the-stopped-group-ends-failed-again",
+        BAD_PATH_STOP,
+        [*run("a"), record_decided(), resume()],
+        ["finish FAILED"],
+        GroupStatus.FAILED,
     ),
     Row(
         "path/resolved-arguments-are-validated",
         CHAIN,
         [*run("a"), start("b"), ok("b", {})],
-        ["fail c"],
-        GroupStatus.COMPENSATING,
+        ["fail c", "fail-compensation b", "finish NEEDS_ATTENTION"],
+        GroupStatus.NEEDS_ATTENTION,
     ),
     # ---- stop, then resume
     Row(
@@ -582,6 +605,16 @@ def test_a_recorded_action_is_never_decided_again(row: Row) -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
+def test_a_decision_leaves_nothing_to_decide_until_a_call_answers(row: Row) -> None:
+    state, _ = _given(row)
+    for action in decide(state, row.max_parallel):
+        state = evolve(state, event_of(action))
+    assert decide(state, row.max_parallel) == []
+    if not in_flight(state):  # a runner waits on nothing: the group must not need it to
+        assert state.status.is_terminal or resumable(state)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
 def test_the_bound_holds(row: Row) -> None:
     state, _ = _given(row)
     before = len(in_flight(state))
@@ -632,8 +665,9 @@ def test_a_new_round_after_approval_names_the_approval() -> None:
 
 def test_a_bad_path_fails_the_step_with_a_clear_error() -> None:
     state, _ = play(BAD_PATH, run("a"))
-    (failure,) = decide(state, WIDE_OPEN)
+    failure, compensation = decide(state, WIDE_OPEN)
     assert isinstance(failure, FailStep)
+    assert isinstance(compensation, StartCompensation) and compensation.step_id == "a"
     assert failure.error.code == ErrorCode.VALIDATION_FAILED.value
     assert "Step 'b'" in failure.error.message and "'ticket.id'" in failure.error.message
     assert "no key 'ticket'" in failure.error.message
@@ -644,7 +678,7 @@ def test_a_bad_path_fails_the_step_with_a_clear_error() -> None:
 
 def test_invalid_resolved_arguments_fail_the_step() -> None:
     state, _ = play(CHAIN, [*run("a"), start("b"), ok("b", {"comment_id": ""})])
-    (failure,) = decide(state, WIDE_OPEN)
+    failure, _compensation = decide(state, WIDE_OPEN)
     assert isinstance(failure, FailStep)
     assert "to: String should have at least 1 character" in failure.error.message
 

@@ -21,12 +21,14 @@ from processors.groups import (
     ToolFacts,
     call_intent_id,
     compensation_key,
+    missing_scopes,
     parse_group,
     resolve_arguments,
     step_key,
 )
 from schemas.errors import ErrorCode
 from schemas.keys import check_idempotency_key
+from schemas.nesting import MAX_DEPTH
 
 # ------------------------------------------------------------------ the tools of these tests
 
@@ -412,6 +414,51 @@ def test_the_step_limit_is_configurable() -> None:
     assert refused(three, max_steps=2) == [("steps", "too_many_steps")]
     assert isinstance(parse_group(three, TOOLS, max_steps=3), GroupDefinition)
     assert isinstance(parse_group(body(*_101["steps"][:100]), TOOLS), GroupDefinition)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 100_000])
+def test_step_arguments_nested_past_the_limit_are_a_field_error_at_any_depth(depth: int) -> None:
+    deep: Any = "x"
+    for _ in range(depth - 1):  # the arguments object is the last level
+        deep = [deep]
+    result = parse_group(body(step("a"), step("b", "notify", {"to": deep})), TOOLS)
+    assert isinstance(result, InvalidGroup)
+    assert [(e.loc, e.type) for e in result.field_errors] == [("steps.1.arguments", "too_deep")]
+    assert "the limit is 64 levels" in result.field_errors[0].msg
+
+
+def test_step_arguments_at_the_limit_reach_the_tool_validation() -> None:
+    deep: Any = "x"
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    assert refused(body(step("a", "notify", {"to": deep}))) == [
+        ("steps.0.arguments.to", "string_type")
+    ]
+
+
+def test_the_scopes_a_groups_steps_need_are_listed_per_step() -> None:
+    scoped = {
+        **TOOLS,
+        "notify": ToolFacts.of_model(NotifyArgs, scopes=frozenset({"tools:call"})),
+        "charge_card": ToolFacts.of_model(
+            ChargeArgs, irreversible=True, scopes=frozenset({"tools:call", "payments"})
+        ),
+    }
+    group = parsed(
+        body(
+            step("a", "notify"),
+            step("b", "charge_card", {"ticket_id": "T-1", "amount_cents": 5}),
+            step("c", "create_ticket", {"title": "no scope needed"}),
+        ),
+        scoped,
+    )
+    assert missing_scopes(group, {"tools:call", "payments"}) == ()
+    assert [(e.loc, e.type) for e in missing_scopes(group, {"tools:call"})] == [
+        ("steps.1.tool", "forbidden")
+    ]
+    only_reports = missing_scopes(group, {"jobs:report"})
+    assert [e.loc for e in only_reports] == ["steps.0.tool", "steps.1.tool"]
+    assert "['payments', 'tools:call']" in only_reports[1].msg
 
 
 def test_fields_holding_references_are_left_to_run_time() -> None:

@@ -1,7 +1,8 @@
 """``Ledger.approve`` and ``Ledger.deny`` in the application's own process: the request a
-call was answered with is decided as the application's human (the user it is for, or an
-operator other than its caller), with the same rules as the HTTP API, and the same call then
-runs once without a token, or is refused."""
+call was answered with is decided as the application's human (the user it is for, with her
+own credential, or an operator other than its caller), with the same rules as the HTTP API,
+and the same call then runs once without a token, or is refused. The context that made the
+call does not confirm it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger import Ledger, TrustedContext, pending_approval
 
-USER = TrustedContext("acme", "alice")
+USER = TrustedContext("acme", "alice")  # what the ledger calls as: alice's agent
+CONFIRMS = TrustedContext("acme", "alice", frozenset({"approvals:confirm"}))  # alice herself
 OPERATOR = TrustedContext("acme", "olga", frozenset({"tools:call", "operator"}))
 OTHER_TENANT_OPERATOR = TrustedContext("globex", "gus", frozenset({"operator"}))
 EMAIL = {"to": "customer@example.com", "subject": "Refund", "body": "On its way."}
@@ -41,7 +43,11 @@ async def test_a_user_confirms_their_own_agents_email(
     asked = await led.call("send_email", EMAIL, idempotency_key=key)
     request = pending_approval(asked)
     assert request is not None and request.approver_kind == "user"
-    decided = await led.approve(request)  # as the ledger's context: the user
+    mine = await led.approve(request)  # as the ledger's context, the agent's: refused
+    assert mine.error is not None and mine.error.code == "FORBIDDEN", mine
+    assert "approvals:confirm" in mine.error.message
+    assert store.effect_count("acme", "send_email", key) == 0
+    decided = await led.approve(request, CONFIRMS)  # alice, with her own credential
     assert decided.ok, decided
     sent = await led.call("send_email", EMAIL, idempotency_key=key)
     assert sent.ok and sent.replayed is False, sent

@@ -25,6 +25,21 @@ CREATE TABLE IF NOT EXISTS tickets (
 """
 
 
+def holds_effects(path: Path) -> bool:
+    """Whether the store at ``path`` recorded a side effect, read without writing (no store,
+    or one that cannot be read, holds none)."""
+    if not path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM effects LIMIT 1").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
 class DeadlineExceeded(Exception):
     """The request arrived after its deadline: refused, nothing written."""
 

@@ -1,7 +1,8 @@
 """Signing in and out: ``/console/sign-in`` takes a bearer token of the API (the tokens file,
 or a JWT where the server verifies them) and sets the session cookie (``HttpOnly``,
 ``SameSite=Strict``, ``Path=/console``, ``Secure`` over https); ``/console/sign-out`` ends
-the session."""
+the session. Sign-ins count against the API's throttle of refused tokens: after too many from
+one address the page answers ``429`` with ``Retry-After`` and checks nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from producers.http.auth import AuthFailure
+from producers.http.auth import AuthFailure, Throttled, throttled_check
 from producers.http.console.guard import (
     PREFIX,
     SIGN_IN,
@@ -41,7 +42,28 @@ async def sign_in(request: Request, door: Door) -> Response:
     refuse_cross_site(request)  # no session yet: the origin is what there is to check
     form = await read_form(request)
     next_path = safe_next(form.get("next"))
-    checked = door.authenticator_in_force.check("Bearer " + form.get("token", "").strip())
+    checked = throttled_check(
+        door.authenticator_in_force,
+        door.auth_throttle,
+        request.client.host if request.client else None,
+        "Bearer " + form.get("token", "").strip(),
+    )
+    if isinstance(checked, Throttled):
+        door.auth_failures.labels("throttled", "unchecked").inc()
+        log.warning("console sign-in throttled", extra={"retry_after_s": checked.retry_after_s})
+        page = render(
+            request,
+            "sign_in.html",
+            None,
+            code=429,
+            next=next_path,
+            failure=(
+                "Too many sign-ins with a token that is not valid came from this address. "
+                f"Try again in {checked.retry_after_s} s."
+            ),
+        )
+        page.headers["Retry-After"] = str(checked.retry_after_s)
+        return page
     if isinstance(checked, AuthFailure):
         door.auth_failures.labels(checked.reason, checked.kind).inc()
         log.warning("console sign-in failed", extra={"reason": checked.reason})

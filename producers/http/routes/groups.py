@@ -21,6 +21,7 @@ from producers.http.problems import problem
 from producers.http.responses import JSON, read_capped
 from schemas.errors import ErrorCode
 from schemas.groups import GroupAnswer, GroupService, GroupView
+from schemas.nesting import NestingTooDeep, check_text_depth
 
 GROUP_ID = re.compile(r"grp_[0-9a-f]{32}")
 MAX_GROUP_BODY_BYTES = 4 << 20
@@ -40,7 +41,9 @@ def _groups(door: FrontDoor) -> GroupService:
     return door.groups
 
 
-async def _json_body(request: Request) -> Any:
+async def _json_body(request: Request, what: str, envelope: int) -> Any:
+    """The body as JSON; ``what`` sits ``envelope`` levels down and may nest no deeper than
+    its limit (``schemas.nesting``)."""
     raw = await read_capped(request, MAX_GROUP_BODY_BYTES)
     if raw is None:
         raise refused(
@@ -49,8 +52,9 @@ async def _json_body(request: Request) -> Any:
     if not raw.strip():
         return {}
     try:
+        check_text_depth(raw, what, envelope=envelope)
         return strict_json(raw)
-    except JsonBodyError as exc:
+    except (JsonBodyError, NestingTooDeep) as exc:
         raise refused(ErrorCode.VALIDATION_FAILED, str(exc)) from None
 
 
@@ -79,7 +83,8 @@ async def submit_group(request: Request, door: Door, context: Caller) -> Respons
     from the group's key and the step id; independent steps run concurrently."""
     groups = _groups(door)
     key = required_key(request, "A group needs an Idempotency-Key header: it is the group's key.")
-    body = await _json_body(request)
+    # {"steps": [{"arguments": ...}]}
+    body = await _json_body(request, "a step's arguments", envelope=3)
     answer = await groups.submit(
         tenant_id=context.tenant_id,
         principal=context.principal,
@@ -128,7 +133,7 @@ async def resume_group(group_id: str, request: Request, door: Door, context: Cal
     groups = _groups(door)
     if not GROUP_ID.fullmatch(group_id):
         raise not_found("No group with this id.", _NO_GROUP)
-    body = await _json_body(request)
+    body = await _json_body(request, "the body", envelope=0)
     tokens = body.get("approval_tokens", {}) if isinstance(body, dict) else None
     if not isinstance(tokens, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()
