@@ -96,7 +96,6 @@ from rich.progress import (
 from rich.table import Table
 
 from bench.common import TOOL, Counter, make_registry, new_progress, write_result
-from processors.ledger.rows import event_of_json
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
@@ -691,17 +690,18 @@ def check_bare(checks: Checks) -> Verify:
 
 
 def ledger_counts(path: Path) -> dict[str, int]:
-    """Events by type, distinct succeeded keys and call rows, read back from the ledger file
-    (after the server has stopped)."""
+    """Events by type, distinct succeeded keys and call rows, read back from the ledger file's
+    audit trail (``tool_call_events``) after the server has stopped."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         counts: Tally[str] = Tally()
         succeeded: set[str] = set()
-        for (text,) in conn.execute("SELECT event FROM events"):
-            event = event_of_json(text)
-            counts[event.TYPE] += 1
-            if isinstance(event, ToolCallSucceeded):
-                succeeded.add(event.call_key)
+        for event_type, call_key in conn.execute(
+            "SELECT event_type, call_key FROM tool_call_events"
+        ):
+            counts[event_type] += 1
+            if event_type == ToolCallSucceeded.TYPE:
+                succeeded.add(call_key)
         counts["tool_calls_rows"] = conn.execute("SELECT COUNT(*) FROM tool_calls").fetchone()[0]
     finally:
         conn.close()

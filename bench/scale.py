@@ -8,9 +8,10 @@ Run::
 
 Scenarios:
 
-``embedded`` (once with every retention forever, once with a short one for keys, intents,
-outcome records and the audit trail: ``--key-retention``, ``--intents-retention``,
-``--outcomes-retention`` and ``--audit-retention`` of ``serve``)
+``embedded`` (once with every retention forever, once with a short one for keys, the raw
+arguments of approval requests and the audit trail with the log's events (one store since
+issue 30): ``--key-retention``, ``--intents-retention`` and ``--audit-retention`` of
+``serve``)
     ``--calls`` calls of the no-op mutation tool, 200-byte arguments, every key new, from
     64 concurrent callers, on a fresh ledger (default settings, ``synchronous=FULL``). Every
     ``--step`` calls: resident memory, calls/s over the step, and the ledger's bytes on disk
