@@ -95,7 +95,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from bench.common import TOOL, Counter, make_registry, new_progress, write_result
+from bench.common import (
+    TOOL,
+    Counter,
+    cpu_seconds,
+    machine_busy_seconds,
+    make_registry,
+    new_progress,
+    write_result,
+)
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
@@ -222,25 +230,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``), 0.0 where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores of the machine spent busy since boot (``/proc/stat``), or 0.0."""
-    try:
-        jiffies = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0)  # idle + iowait
-    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def exists(path: Path) -> bool:
