@@ -894,8 +894,8 @@ def show(result: dict[str, Any], console: Console) -> None:
                         f"{meta['concurrency']}, {meta['cores']} cores shared with the client")
     columns: list[tuple[str, JustifyMethod]] = [
         ("metric", "left"), ("value", "right"), ("p50 ms", "right"), ("p99 ms", "right"),
-        ("server CPU", "right"), ("client CPU", "right"), ("others' CPU", "right"),
-        ("notes", "left")]
+        ("server CPU ms/req", "right"), ("server CPU", "right"), ("client CPU", "right"),
+        ("others' CPU", "right"), ("notes", "left")]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column != "notes")
     for metric, phase, note in [
@@ -906,11 +906,12 @@ def show(result: dict[str, Any], console: Console) -> None:
     ]:
         p = phases[phase]
         table.add_row(metric, f"{result[metric]:,.1f}", f"{p['p50_ms']:.2f}",
-                      f"{p['p99_ms']:.2f}", f"{p['server_cpu_per_wall_s']:.2f}",
+                      f"{p['p99_ms']:.2f}", f"{p['server_cpu_ms_per_request']:.3f}",
+                      f"{p['server_cpu_per_wall_s']:.2f}",
                       f"{p['client_cpu_per_wall_s']:.2f}",
                       f"{p['other_processes_cpu_per_wall_s']:.2f}", note)
     table.add_row("ratio_calls_vs_bare", f"{result['ratio_calls_vs_bare']:.4f}", "", "", "", "",
-                  "", "")
+                  "", "", "")
     console.print(table)
     console.print("req/s by quarter of each phase: " + "; ".join(
         f"{name} {', '.join(f'{r:,.0f}' for r in phase['per_s_by_quarter'])}"
