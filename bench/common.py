@@ -1,5 +1,6 @@
-"""What every benchmark shares: the no-op tool, the progress display, the result writer, and
-the workload of issue 11 (tenants, tools, keys, arguments, duplicates, closed-loop callers)."""
+"""What every benchmark shares: the no-op tool, the progress display, the result writer, the
+CPU time of processes, and the workload of issue 11 (tenants, tools, keys, arguments,
+duplicates, closed-loop callers)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import collections
 import json
 import math
+import os
 import random
 import string
 import threading
@@ -51,6 +53,30 @@ def write_result(result: dict[str, Any], out: Path | str, console: Console | Non
     if console is not None:
         console.print(f"wrote {path}")
     return path
+
+
+# Whether another process's CPU time can be read (Linux ``/proc``); where it cannot, a
+# benchmark reports that process's CPU as not measured (``None``) rather than as 0.
+PROCESS_CPU_READABLE = Path("/proc/self/stat").exists()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux ``/proc``), 0.0 where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent busy since boot (``/proc/stat``), or 0.0."""
+    try:
+        jiffies = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0)  # idle + iowait
+    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 TOOL = "bench_noop"

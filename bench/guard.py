@@ -37,13 +37,13 @@ from bench.common import (
     TENANTS,
     Executions,
     WorkCall,
+    cpu_seconds,
     drive_async,
     make_workload_registry,
     plan_workload,
 )
 from bench.http import (
     connections,
-    cpu_seconds,
     drive,
     free_port,
     ledger_argv,

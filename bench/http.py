@@ -95,8 +95,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from bench.common import TOOL, Counter, make_registry, new_progress, write_result
-from processors.ledger.rows import event_of_json
+from bench.common import (
+    TOOL,
+    Counter,
+    cpu_seconds,
+    machine_busy_seconds,
+    make_registry,
+    new_progress,
+    write_result,
+)
 from processors.tools.registry import ToolRegistry
 from producers.http.auth import TokenEntry, TokenStore
 from producers.http.headers import idempotency_key
@@ -223,25 +230,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``), 0.0 where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores of the machine spent busy since boot (``/proc/stat``), or 0.0."""
-    try:
-        jiffies = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0)  # idle + iowait
-    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def exists(path: Path) -> bool:
@@ -691,17 +679,18 @@ def check_bare(checks: Checks) -> Verify:
 
 
 def ledger_counts(path: Path) -> dict[str, int]:
-    """Events by type, distinct succeeded keys and call rows, read back from the ledger file
-    (after the server has stopped)."""
+    """Events by type, distinct succeeded keys and call rows, read back from the ledger file's
+    audit trail (``tool_call_events``) after the server has stopped."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         counts: Tally[str] = Tally()
         succeeded: set[str] = set()
-        for (text,) in conn.execute("SELECT event FROM events"):
-            event = event_of_json(text)
-            counts[event.TYPE] += 1
-            if isinstance(event, ToolCallSucceeded):
-                succeeded.add(event.call_key)
+        for event_type, call_key in conn.execute(
+            "SELECT event_type, call_key FROM tool_call_events"
+        ):
+            counts[event_type] += 1
+            if event_type == ToolCallSucceeded.TYPE:
+                succeeded.add(call_key)
         counts["tool_calls_rows"] = conn.execute("SELECT COUNT(*) FROM tool_calls").fetchone()[0]
     finally:
         conn.close()
@@ -905,8 +894,8 @@ def show(result: dict[str, Any], console: Console) -> None:
                         f"{meta['concurrency']}, {meta['cores']} cores shared with the client")
     columns: list[tuple[str, JustifyMethod]] = [
         ("metric", "left"), ("value", "right"), ("p50 ms", "right"), ("p99 ms", "right"),
-        ("server CPU", "right"), ("client CPU", "right"), ("others' CPU", "right"),
-        ("notes", "left")]
+        ("server CPU ms/req", "right"), ("server CPU", "right"), ("client CPU", "right"),
+        ("others' CPU", "right"), ("notes", "left")]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column != "notes")
     for metric, phase, note in [
@@ -917,11 +906,12 @@ def show(result: dict[str, Any], console: Console) -> None:
     ]:
         p = phases[phase]
         table.add_row(metric, f"{result[metric]:,.1f}", f"{p['p50_ms']:.2f}",
-                      f"{p['p99_ms']:.2f}", f"{p['server_cpu_per_wall_s']:.2f}",
+                      f"{p['p99_ms']:.2f}", f"{p['server_cpu_ms_per_request']:.3f}",
+                      f"{p['server_cpu_per_wall_s']:.2f}",
                       f"{p['client_cpu_per_wall_s']:.2f}",
                       f"{p['other_processes_cpu_per_wall_s']:.2f}", note)
     table.add_row("ratio_calls_vs_bare", f"{result['ratio_calls_vs_bare']:.4f}", "", "", "", "",
-                  "", "")
+                  "", "", "")
     console.print(table)
     console.print("req/s by quarter of each phase: " + "; ".join(
         f"{name} {', '.join(f'{r:,.0f}' for r in phase['per_s_by_quarter'])}"

@@ -39,7 +39,7 @@ import psycopg
 from rich.console import Console
 from rich.progress import Progress
 
-from bench.common import TOOL, new_progress, write_result
+from bench.common import TOOL, cpu_seconds, machine_busy_seconds, new_progress, write_result
 from bench.http import (
     Checks,
     Phase,
@@ -48,12 +48,10 @@ from bench.http import (
     check_first,
     check_replay,
     connections,
-    cpu_seconds,
     drive,
     free_port,
     git_state,
     log_tail,
-    machine_busy_seconds,
     open_log,
     plan,
     running,

@@ -8,7 +8,7 @@ Run::
     .venv/bin/python -m bench.jobs_polling --profile        # + a profiled window (CPU clock)
 
 Phases, each on its own ledger in a temporary directory, with the defaults ``toolledger
-serve`` uses (``EmbeddedLedger``'s: 4 partitions, 64 concurrent tasks per partition, a sweep
+serve`` uses (``EmbeddedLedger``'s: 4 partitions, one executor core and its sweeper, a sweep
 every second, ``synchronous=FULL``):
 
 ``idle``
@@ -18,7 +18,7 @@ every second, ``synchronous=FULL``):
 ``jobs``
     ``--jobs`` calls of ``bench_job`` (its handler returns a ``JobRef`` at once, its poll
     always answers ``JobRunning()`` and counts itself), from 64 concurrent callers, until
-    every call is ``PENDING`` with a job and held by a partition's sweeper. Then the same
+    every call is ``PENDING`` with a job and held by the executor's sweeper. Then the same
     measure over the same window, from the moment the last job is running, so the window sees
     the sweeper's backoff grow (0.1 s doubling to 5 s per job, looked at once per sweep):
     polls/s over the first and the last quarter of the window, and per second.
@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import write_result
-from processors.runtime import partition as partition_runtime
+from processors import executor as executor_core
 from processors.tools.manifest import JobRef, JobRunning, PollAnswer, ToolContext
 from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
@@ -117,7 +117,7 @@ def make_job_registry(polls: Polls) -> ToolRegistry:
 
 
 def _running_jobs(ledger: EmbeddedLedger) -> int:
-    """Keys the partitions' sweepers poll (their PENDING calls with a running job)."""
+    """Keys the executor's sweeper polls (its PENDING calls with a running job)."""
     assert ledger.runtime is not None and ledger.runtime.executor is not None
     return ledger.runtime.executor.polled_jobs
 
@@ -147,7 +147,7 @@ async def _measure(seconds: float) -> tuple[float, dict[str, Any]]:
 
 
 async def _start_jobs(ledger: EmbeddedLedger, jobs: int, polls: Polls) -> dict[str, Any]:
-    """``jobs`` calls, until each is PENDING with a job and every partition polls them."""
+    """``jobs`` calls, until each is PENDING with a job and the sweeper polls them all."""
     keys = iter(range(jobs))
     bad: list[str] = []
 
@@ -192,7 +192,7 @@ def _per_second(at: Sequence[float], start: float, seconds: float) -> list[int]:
 
 def _part_rates(per_second: Sequence[int]) -> tuple[float, float]:
     """Polls/s over the first and the last quarter of the window's whole seconds (the
-    sweepers poll in bursts, once a second: parts are whole seconds)."""
+    sweeper polls in bursts, once a second: parts are whole seconds)."""
     part = max(1, len(per_second) // 4)
     return (
         round(sum(per_second[:part]) / part, 1),
@@ -256,7 +256,7 @@ async def run(jobs: int, window_s: float, *, profile: bool = False) -> dict[str,
     last_polls = sum(per_second[-part:])
     last_over_idle_ms = (cpu_last - idle["cpu_ms_per_s"]) * part
     extra_cpu_s = busy["cpu_s"] - idle["cpu_ms_per_s"] / 1000 * wall  # idle scaled to `wall`
-    base, cap = partition_runtime._POLL_BACKOFF_BASE_S, partition_runtime._POLL_BACKOFF_CAP_S
+    base, cap = executor_core._POLL_BACKOFF_BASE_S, executor_core._POLL_BACKOFF_CAP_S
     sweep_s = float(defaults["sweep_interval_s"].default)
     per_job = [polls.by_job.get(f"job-k{i:06d}", 0) for i in range(jobs)]
     result: dict[str, Any] = {
@@ -298,11 +298,11 @@ async def run(jobs: int, window_s: float, *, profile: bool = False) -> dict[str,
                 "serve` starts it: no sweep, partition or concurrency option passed",
                 "sweep_interval_s": sweep_s,
                 "partitions": defaults["partitions"].default,
-                "concurrency_per_partition": defaults["concurrency"].default,
+                "concurrency": defaults["concurrency"].default,
                 "synchronous": defaults["synchronous"].default,
                 "poll_backoff": f"min({cap:g}, {base:g} * 2**polls) s per job, looked at by "
-                f"each partition's sweeper every {sweep_s:g} s (processors/runtime/"
-                "executor.py, Executor._sweep_loop)",
+                f"the executor's sweeper every {sweep_s:g} s (processors/executor.py, "
+                "Executor._sweep_loop)",
                 "steady_polls_per_s_at_most": round(jobs / cap, 1),
             },
             "tool": "long_running no-op: the handler returns a JobRef, the poll always "

@@ -58,6 +58,22 @@ Scenarios, in this order, in one run (the raw pipes run after the ledger, on the
     one transaction per batch. Rows per second.
 ``ratio_projector_vs_copy``
     ``projector_rows_per_s / raw_copy_rows_per_s``.
+``executor_cpu_ms_per_call``, ``e2e_cpu_ms_per_call``
+    The executor process's CPU (user + system, read from ``/proc/<pid>/stat``) over the
+    closed-loop e2e calls / calls: only with ``--executor subprocess`` (``null`` in-process,
+    where the executor's CPU is not apart from the client's, or where ``/proc`` cannot be
+    read); ``e2e_cpu_ms_per_call`` adds this process's (the client's, and the executor's when
+    in-process).
+``raw_txn_relay_cpu_ms_per_round_trip``, ``raw_txn_pipe_cpu_ms_per_round_trip``
+    The same for the raw transactional pipe: its relay's process (``--executor subprocess``)
+    and relay + sender.
+``projector_cpu_ms_per_event``, ``raw_copy_cpu_ms_per_row``
+    This process's CPU while the projector caught up (its group join included) / events, and
+    while the COPY baseline ran / rows: the Python side only (PostgreSQL's CPU is not in
+    either).
+
+CPU read in this process (``time.process_time``) includes the progress display's refresh;
+the executor's and the relay's child processes have none.
 
 Where the executor runs (``--executor``): ``inprocess`` (the default) runs it, and the raw
 pipe's relay, in this process and event loop, next to the client and the sender;
@@ -109,8 +125,10 @@ from rich.progress import (
 from rich.table import Table
 
 from bench.common import (
+    PROCESS_CPU_READABLE,
     TOOL,
     Counter,
+    cpu_seconds,
     make_registry,
     new_progress,
     write_result,
@@ -174,6 +192,7 @@ WARNINGS = WarningCounter()
 
 @dataclass
 class Closed:
+    calls: int
     per_s: float
     seconds: float
     failures: int
@@ -200,7 +219,7 @@ async def closed_loop(
 
     await asyncio.gather(*(worker() for _ in range(min(inflight, n))))
     seconds = time.perf_counter() - started
-    return Closed(n / seconds, seconds, failures)
+    return Closed(n, n / seconds, seconds, failures)
 
 
 @dataclass
@@ -364,7 +383,6 @@ class ExecutorService:
             "commits": self.commits,
             "committed_events": self.committed_events,
             "produce_retries": WARNINGS.produce_retries(),
-            "cpu_ms": cpu_ms(),
         }
 
 
@@ -413,7 +431,6 @@ class _Relay:
             "relayed": self.relayed,
             "batches": self.batches,
             "produce_retries": WARNINGS.produce_retries(),
-            "cpu_ms": cpu_ms(),
         }
 
 
@@ -626,14 +643,14 @@ class Handle(Protocol):
 
     async def stop(self) -> dict[str, int]: ...
 
-
-def cpu_ms() -> int:
-    """CPU time (user + system) of this process so far."""
-    return int(time.process_time() * 1000)
+    def cpu_s(self) -> float | None:
+        """The service's own CPU seconds so far, where it has a process of its own whose CPU
+        can be read (``/proc``); None where it cannot be told apart."""
+        ...
 
 
 class InProcess:
-    """``stats()["cpu_ms"]`` is 0 here: the caller's own CPU time already includes it."""
+    """The service in this process: its CPU is in this process's, not apart (``cpu_s``)."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
@@ -644,11 +661,14 @@ class InProcess:
         return cls(service)
 
     async def stats(self) -> dict[str, int]:
-        return {**self.service.stats(), "cpu_ms": 0}
+        return self.service.stats()
 
     async def stop(self) -> dict[str, int]:
         await self.service.stop()
-        return {**self.service.stats(), "cpu_ms": 0}
+        return self.service.stats()
+
+    def cpu_s(self) -> float | None:
+        return None
 
 
 class Child:
@@ -700,6 +720,10 @@ class Child:
         answer = await self._ask("stop")
         await self.proc.wait()
         return answer
+
+    def cpu_s(self) -> float | None:
+        """The child's user + system CPU (``/proc/<pid>/stat``), while it runs."""
+        return cpu_seconds(self.proc.pid) if PROCESS_CPU_READABLE else None
 
 
 async def serve(kind: str, bootstrap: str, prefix: str, record_bytes: int) -> None:
@@ -883,7 +907,8 @@ class LedgerPhase:
     checks: Checks
     handler_invocations: int = 0
     produce_retries: int = 0  # in this process (the client's; the executor's if in-process)
-    cpu_ms: int = 0  # client + executor processes, the whole phase
+    process_cpu_s: float = 0.0  # this process (the client; the executor too if in-process)
+    executor_cpu_s: float | None = None  # the executor's own process (None: in this one)
     txn_ms: list[float] = field(default_factory=list)
     txn_steps_ms: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -906,13 +931,26 @@ class LedgerPhase:
             "examples": c.examples,
         }
 
+    def cpu_ms_per_call(self) -> dict[str, float | None]:
+        """CPU ms per call: this process's, the executor process's (None when it runs in this
+        one) and their sum."""
+        calls = max(1, self.checks.calls)
+        executor = self.executor_cpu_s
+        return {
+            "cpu_ms_per_call": round((self.process_cpu_s + (executor or 0.0)) * 1000 / calls, 4),
+            "process_cpu_ms_per_call": round(self.process_cpu_s * 1000 / calls, 4),
+            "executor_cpu_ms_per_call": None
+            if executor is None
+            else round(executor * 1000 / calls, 4),
+        }
+
     def diagnostics(self) -> dict[str, Any]:
         txn = self.txn_ms
         sends = [s for s, _, _ in self.txn_steps_ms]
         with_offsets = [o for _, o, _ in self.txn_steps_ms if o > 0]
         commits = [c for _, _, c in self.txn_steps_ms]
         return {
-            "cpu_ms_per_call": round(self.cpu_ms / max(1, self.checks.calls), 3),
+            **self.cpu_ms_per_call(),
             "produce_retries_logged": self.produce_retries,
             "executor_transactions": len(txn),
             "executor_transaction_ms": {
@@ -944,13 +982,16 @@ async def run_ledger_phase(
     side = ledger.side
     stats_before = await side.stats()
     before = stats_before["handler_invocations"]
-    cpu_before = cpu_ms() + stats_before["cpu_ms"]
+    cpu_before, executor_before = time.process_time(), side.cpu_s()
     retries_before = WARNINGS.produce_retries()
     phase = LedgerPhase(name, Checks())
     counter = ledger.local.counter if ledger.local is not None else None
     txn_before = len(ledger.local.txn_ms) if ledger.local is not None else 0
     result = await work(ledger_call(ledger.client, prefix, phase.checks, ledger.transport, counter))
-    phase.cpu_ms = cpu_ms() + (await side.stats())["cpu_ms"] - cpu_before
+    phase.process_cpu_s = time.process_time() - cpu_before
+    executor_after = side.cpu_s()
+    if executor_before is not None and executor_after is not None:
+        phase.executor_cpu_s = executor_after - executor_before
     phase.produce_retries = WARNINGS.produce_retries() - retries_before
     if ledger.local is not None:
         phase.txn_ms = ledger.local.txn_ms[txn_before:]
@@ -1032,7 +1073,8 @@ class ProjectorRun:
     event_rows: int
     applies_without_events: int
     seconds_without_events: float
-    cpu_share: float  # this process's CPU time / wall time while the projector ran
+    cpu_s: float  # this process's CPU time while the projector ran (its group join included)
+    cpu_share: float  # cpu_s / the wall time it ran
 
 
 async def run_projector(
@@ -1056,7 +1098,8 @@ async def run_projector(
                 await asyncio.sleep(0.05)
             progress.update(task, completed=projector.events_applied)
             events = projector.events_applied
-            cpu_share = (time.process_time() - cpu_started) / (time.perf_counter() - started)
+            cpu_s = time.process_time() - cpu_started
+            cpu_share = cpu_s / (time.perf_counter() - started)
         finally:
             await projector.stop()
         assert projection.first_start is not None
@@ -1078,6 +1121,7 @@ async def run_projector(
             int(events_row[0]) if events_row else -1,
             projection.applies_without_events,
             projection.seconds_without_events,
+            cpu_s,
             cpu_share,
         )
     finally:
@@ -1092,9 +1136,12 @@ _COPY_TYPES = {
 }
 
 
-async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> float:
+async def run_raw_copy(
+    dsn: str, batches: Sequence[int], progress: Progress
+) -> tuple[float, float]:
     """The projector's audit rows, written again by binary COPY into a plain table (same
-    columns and types, no index, no constraint), batch by batch, one transaction each."""
+    columns and types, no index, no constraint), batch by batch, one transaction each.
+    Rows per second, and this process's CPU ms per row (the client's side of the COPY)."""
     columns = sql.SQL(", ").join(sql.Identifier(c) for c in EVENT_COLUMNS)
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
@@ -1110,7 +1157,7 @@ async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> 
         copy_sql = sql.SQL("COPY bench_raw_copy ({}) FROM STDIN (FORMAT BINARY)").format(columns)
         types = [_COPY_TYPES.get(c, "text") for c in EVENT_COLUMNS]
         task = progress.add_task("raw COPY -> PostgreSQL", total=len(rows), rate="")
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         at = 0
         sizes = list(batches) or [len(rows)]
         while at < len(rows):
@@ -1124,12 +1171,12 @@ async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> 
                         await copy.write_row(row)
                 at += len(chunk)
                 progress.update(task, completed=at)
-        seconds = time.perf_counter() - started
+        seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         progress.update(task, rate=f"{len(rows) / seconds:,.0f} rows/s")
         count = await (await conn.execute("SELECT count(*) FROM bench_raw_copy")).fetchone()
         if not count or int(count[0]) != len(rows):
             raise RuntimeError(f"raw COPY wrote {count} rows, expected {len(rows)}")
-        return len(rows) / seconds
+        return len(rows) / seconds, cpu_s * 1000 / len(rows)
 
 
 # -- record sizes ---------------------------------------------------------------------------------
@@ -1182,9 +1229,19 @@ class RawPipeRun:
     run: Closed
     lat: Open
     idle: list[float]
-    cpu_ms: int
+    process_cpu_s: float  # this process over the round trips (the relay's too if in-process)
+    relay_cpu_s: float | None  # the relay's own process (None: in this one)
     relay_stats: dict[str, int]
     produce_retries_logged: int
+
+    def cpu_ms_per_round_trip(self) -> dict[str, float | None]:
+        """As :meth:`LedgerPhase.cpu_ms_per_call`: this process, the relay's, their sum."""
+        n, relay = self.run.calls, self.relay_cpu_s
+        return {
+            "cpu_ms_per_round_trip": round((self.process_cpu_s + (relay or 0.0)) * 1000 / n, 4),
+            "process_cpu_ms_per_round_trip": round(self.process_cpu_s * 1000 / n, 4),
+            "relay_cpu_ms_per_round_trip": None if relay is None else round(relay * 1000 / n, 4),
+        }
 
     def checks(self) -> dict[str, Any]:
         return {
@@ -1211,9 +1268,12 @@ async def run_raw_pipe(
 
     try:
         await closed(args.warmup, "warm-up")(lambda i: sender.call(f"w{i:010d}"))
-        cpu_before = cpu_ms() + (await relay.stats())["cpu_ms"]
+        cpu_before, relay_before = time.process_time(), relay.cpu_s()
         run = await closed(args.raw_calls, "round trips")(lambda i: sender.call(f"k{i:010d}"))
-        cpu = cpu_ms() + (await relay.stats())["cpu_ms"] - cpu_before
+        cpu, relay_after = time.process_time() - cpu_before, relay.cpu_s()
+        relay_cpu = (
+            None if relay_before is None or relay_after is None else relay_after - relay_before
+        )
         rate = 0.5 * run.per_s
         task = progress.add_task(
             f"{name} latency @ 0.5 x max", total=max(1, int(rate * args.latency_seconds)), rate=""
@@ -1231,7 +1291,7 @@ async def run_raw_pipe(
     retries = WARNINGS.produce_retries() - warnings_before
     if args.executor == "subprocess":
         retries += relay_stats.get("produce_retries", 0)
-    return RawPipeRun(run, lat, idle, cpu, relay_stats, retries)
+    return RawPipeRun(run, lat, idle, cpu, relay_cpu, relay_stats, retries)
 
 
 async def start_ledger(mode: str, bootstrap: str, topics: Topics, record_bytes: int) -> Ledger:
@@ -1317,7 +1377,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             total_calls = sum(p.checks.calls for p in phases)
             async with fresh_database(args.postgres) as dsn:
                 projector = await run_projector(bootstrap, topics, dsn, 2 * total_calls, progress)
-                copy_rate = await run_raw_copy(dsn, projector.batches, progress)
+                copy_rate, copy_cpu_ms = await run_raw_copy(dsn, projector.batches, progress)
                 async with await psycopg.AsyncConnection.connect(dsn) as conn:
                     pg_version = conn.info.server_version
     finally:
@@ -1342,6 +1402,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "tool_call_events_rows": projector.event_rows,
     }
     commits = executor_stats.get("commits", 0)
+    e2e_cpu, plain_cpu, txn_cpu = (
+        e2e_phase.cpu_ms_per_call(),
+        plain.cpu_ms_per_round_trip(),
+        txn.cpu_ms_per_round_trip(),
+    )
     return {
         "e2e_calls_per_s": round(e2e.per_s, 1),
         "raw_pipe_msgs_per_s": round(raw_run.per_s, 1),
@@ -1357,6 +1422,12 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "raw_pipe_p99_ms": round(raw_p99, 2),
         "raw_txn_pipe_p50_ms": round(txn.lat.percentile(0.5), 2),
         "raw_txn_pipe_p99_ms": round(txn.lat.percentile(0.99), 2),
+        "executor_cpu_ms_per_call": e2e_cpu["executor_cpu_ms_per_call"],
+        "e2e_cpu_ms_per_call": e2e_cpu["cpu_ms_per_call"],
+        "raw_txn_relay_cpu_ms_per_round_trip": txn_cpu["relay_cpu_ms_per_round_trip"],
+        "raw_txn_pipe_cpu_ms_per_round_trip": txn_cpu["cpu_ms_per_round_trip"],
+        "projector_cpu_ms_per_event": round(projector.cpu_s * 1000 / max(1, projector.events), 4),
+        "raw_copy_cpu_ms_per_row": round(copy_cpu_ms, 4),
         "meta": {
             "calls": args.calls,
             "raw_pipe_calls": args.raw_calls,
@@ -1394,8 +1465,10 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             },
             "load_average_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
             "diagnostics": {
-                "raw_pipe_cpu_ms_per_round_trip": round(plain.cpu_ms / args.raw_calls, 3),
-                "raw_txn_pipe_cpu_ms_per_round_trip": round(txn.cpu_ms / args.raw_calls, 3),
+                "raw_pipe_cpu_ms_per_round_trip": plain_cpu["cpu_ms_per_round_trip"],
+                "raw_txn_pipe_cpu_ms_per_round_trip": txn_cpu["cpu_ms_per_round_trip"],
+                "raw_pipe_cpu": plain_cpu,
+                "raw_txn_pipe_cpu": txn_cpu,
                 "raw_txn_pipe_transactions": txn.relay_stats.get("batches"),
                 "raw_txn_pipe_records_per_transaction": round(
                     txn.relay_stats.get("relayed", 0) / max(1, txn.relay_stats.get("batches", 0)), 2
@@ -1537,6 +1610,31 @@ def show(result: dict[str, Any], console: Console) -> None:
         "ratio_projector_vs_copy",
         f"{result['ratio_projector_vs_copy']:.4f}",
         f">= 0.5: {mark(targets['ratio_projector_vs_copy>=0.5'])}",
+    )
+
+    def ms(value: float | None) -> str:
+        return "not apart" if value is None else f"{value:.3f}"
+
+    table.add_row(
+        "CPU ms per call: executor",
+        ms(result["executor_cpu_ms_per_call"]),
+        "its own process (--executor subprocess, /proc); in-process it is in the next line",
+    )
+    table.add_row(
+        "CPU ms per call: e2e",
+        ms(result["e2e_cpu_ms_per_call"]),
+        "client + executor processes",
+    )
+    table.add_row(
+        "CPU ms per round trip: txn relay / pipe",
+        f"{ms(result['raw_txn_relay_cpu_ms_per_round_trip'])} / "
+        f"{ms(result['raw_txn_pipe_cpu_ms_per_round_trip'])}",
+        "the transactional relay alone / sender + relay",
+    )
+    table.add_row(
+        "CPU ms per event: projector / COPY",
+        f"{ms(result['projector_cpu_ms_per_event'])} / {ms(result['raw_copy_cpu_ms_per_row'])}",
+        "this process (PostgreSQL's CPU not included)",
     )
     idle = meta["latency"]["idle_one_at_a_time"]
     table.add_row(

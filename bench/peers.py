@@ -2,13 +2,21 @@
 
 Run::
 
-    .venv/bin/python -m bench.peers [--calls N] [--callers C] [--out bench/results/peers.json]
+    .venv/bin/python -m bench.peers [--calls N] [--out bench/results/peers.json]
+    .venv/bin/python -m bench.peers --callers 16 64      # also the 64-caller runs
 
 The workload of issue 11 (``bench/common.py``): ``--calls`` calls (20,000) with 200-byte JSON
 arguments, 8 tenants, 5 no-op tools that count their executions per call key, 128-bit keys,
-16 concurrent callers in a closed loop (each issues its next call when the previous one was
-answered), at a duplicate share D of 0 and of 0.5 (a retry of an earlier call's key with the
-same arguments, at least 4 x callers calls after it). Each system gets the same calls.
+16 concurrent callers (``--callers``: one run of each system per number given, e.g. ``16 64``)
+in a closed loop (each issues its next call when the previous one was answered), at a
+duplicate share D of 0 and of 0.5 (a retry of an earlier call's key with the same arguments,
+at least 4 x callers calls after it). Each system gets the same calls.
+
+Each run gives calls/s, p50 and p99 latency and **CPU ms per call**: for toolledger,
+``time.process_time()`` of this process (every thread: the event loop and the ledger's writer)
+over the measured loop / calls; for Powertools, the same of this process (its caller threads
+and redis-py) plus, reported separately and summed, ``redis-server``'s CPU over the same loop,
+read from ``/proc/<pid>/stat`` (``null`` where ``/proc`` cannot be read).
 
 - **toolledger**: ``toolledger.Ledger.embedded(path, registry)`` with its defaults
   (``synchronous=FULL``: every answer is fsynced), the callers are coroutines on one event
@@ -65,11 +73,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import (
+    PROCESS_CPU_READABLE,
     TENANTS,
     TOOLS,
     Executions,
     Timing,
     WorkCall,
+    cpu_seconds,
     drive_async,
     drive_threads,
     make_workload_registry,
@@ -157,6 +167,7 @@ class RedisServer:
     port: int
     version: str
     argv: list[str]
+    pid: int
 
 
 @contextmanager
@@ -191,7 +202,7 @@ def redis_server(binary: str, directory: Path, durability: str) -> Iterator[Redi
                 time.sleep(0.05)
         info = client.info("server")
         client.close()
-        yield RedisServer(port, str(info["redis_version"]), argv[1:])
+        yield RedisServer(port, str(info["redis_version"]), argv[1:], process.pid)
     finally:
         process.terminate()
         try:
@@ -227,6 +238,7 @@ class Answers:
 @dataclass
 class Run:
     timing: Timing
+    cpu_s: float | None  # every process of the system, over the measured loop (None: unknown)
     checks: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -234,17 +246,38 @@ class Run:
     def passed(self) -> bool:
         return bool(self.checks["passed"])
 
+    @property
+    def cpu_ms_per_call(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s * 1000 / len(self.timing.latencies_s)
+
     def summary(self) -> dict[str, Any]:
-        return {**self.timing.summary(), **self.extra, "checks": self.checks}
+        cpu = self.cpu_ms_per_call
+        return {
+            **self.timing.summary(),
+            "cpu_ms_per_call": None if cpu is None else round(cpu, 4),
+            **self.extra,
+            "checks": self.checks,
+        }
+
+
+def per_call_ms(cpu_s: float | None, calls: int) -> float | None:
+    return None if cpu_s is None else round(cpu_s * 1000 / calls, 4)
 
 
 def checked(
-    timing: Timing, executions: Executions, plan: Sequence[WorkCall], answers: Answers, **extra: Any
+    timing: Timing,
+    cpu_s: float | None,
+    executions: Executions,
+    plan: Sequence[WorkCall],
+    answers: Answers,
+    **extra: Any,
 ) -> Run:
     checks = executions.check(plan)
     checks.update(wrong_answers=answers.wrong, examples=answers.examples)
     checks["passed"] = bool(checks["passed"]) and answers.wrong == 0
-    return Run(timing, checks, {**extra, "in_progress_retries": answers.in_progress_retries})
+    return Run(
+        timing, cpu_s, checks, {**extra, "in_progress_retries": answers.in_progress_retries}
+    )
 
 
 def warm_plan(calls: int) -> list[WorkCall]:
@@ -270,8 +303,10 @@ async def run_toolledger(
         await drive_async(warm_plan(warmup), callers, call)
         executions.reset()
         answers = Answers()
+        cpu = time.process_time()
         timing = await drive_async(plan, callers, call)
-    return checked(timing, executions, plan, answers)
+        cpu = time.process_time() - cpu
+    return checked(timing, cpu, executions, plan, answers)
 
 
 def run_powertools(
@@ -324,11 +359,23 @@ def run_powertools(
         drive_threads(warm_plan(warmup), callers, call)
         executions.reset()
         answers = Answers()
+        cpu, redis_before = time.process_time(), cpu_seconds(server.pid)
         timing = drive_threads(plan, callers, call)
+        cpu = time.process_time() - cpu
+        redis_cpu = cpu_seconds(server.pid) - redis_before if PROCESS_CPU_READABLE else None
         keys = int(client.dbsize())
     finally:
         client.close()
-    return checked(timing, executions, plan, answers, redis_keys_after=keys)
+    return checked(
+        timing,
+        None if redis_cpu is None else cpu + redis_cpu,
+        executions,
+        plan,
+        answers,
+        process_cpu_ms_per_call=per_call_ms(cpu, len(plan)),
+        redis_server_cpu_ms_per_call=per_call_ms(redis_cpu, len(plan)),
+        redis_keys_after=keys,
+    )
 
 
 def make_tool(tool: str, executions: Executions) -> Any:
@@ -346,6 +393,49 @@ def make_tool(tool: str, executions: Executions) -> Any:
 POWERTOOLS = {"none": "powertools_redis", "aof_always": "powertools_redis_aof_always"}
 
 
+def run_row(
+    args: argparse.Namespace,
+    callers: int,
+    share: float,
+    servers: dict[str, RedisServer],
+    scratch: Path,
+    console: Console,
+) -> dict[str, Any]:
+    """toolledger, then each Powertools configuration, on the same calls. Progress is a line
+    per run: no display thread runs while CPU is measured."""
+    plan = plan_workload(args.calls, share, gap=4 * callers)
+    row: dict[str, Any] = {"callers": callers, "duplicates": share}
+    label = f"{callers} callers, D={share:g}"
+    directory = scratch / f"toolledger-{callers}-{share}"
+    directory.mkdir()
+    ledger = asyncio.run(
+        run_toolledger(plan, callers=callers, warmup=args.warmup, directory=directory)
+    )
+    shutil.rmtree(directory, ignore_errors=True)
+    row["toolledger"] = ledger.summary()
+    console.print(f"{label}: toolledger {described(row['toolledger'])}")
+    for durability, server in servers.items():
+        name = POWERTOOLS[durability]
+        peer = run_powertools(plan, callers=callers, warmup=args.warmup, server=server)
+        row[name] = peer.summary()
+        row[f"ratio_vs_{name}"] = round(ledger.timing.calls_per_s / peer.timing.calls_per_s, 4)
+        ours, theirs = ledger.cpu_ms_per_call, peer.cpu_ms_per_call
+        row[f"cpu_ratio_vs_{name}"] = (
+            None if ours is None or theirs is None else round(ours / theirs, 4)
+        )
+        console.print(f"{label}: {name} {described(row[name])}")
+    return row
+
+
+def described(run: dict[str, Any]) -> str:
+    cpu = run["cpu_ms_per_call"]
+    return (
+        f"{run['calls_per_s']:,.0f} calls/s, "
+        + ("CPU not measured" if cpu is None else f"{cpu:.3f} ms CPU/call")
+        + ("" if run["checks"]["passed"] else ", checks FAILED")
+    )
+
+
 def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     binary = ensure_redis_server(console)
     runs: list[dict[str, Any]] = []
@@ -360,36 +450,13 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 f"redis-server {servers[durability].version} on "
                 f"127.0.0.1:{servers[durability].port}, durability {durability}"
             )
-        for share in DUPLICATES:
-            plan = plan_workload(args.calls, share, gap=4 * args.callers)
-            row: dict[str, Any] = {"duplicates": share}
-            label = f"D={share}"
-            with console.status(f"{label}: toolledger"):
-                directory = scratch / f"toolledger-{share}"
-                directory.mkdir()
-                ledger = asyncio.run(
-                    run_toolledger(
-                        plan, callers=args.callers, warmup=args.warmup, directory=directory
-                    )
-                )
-                shutil.rmtree(directory, ignore_errors=True)
-            row["toolledger"] = ledger.summary()
-            console.print(f"{label}: toolledger {ledger.timing.calls_per_s:,.0f} calls/s")
-            for durability, server in servers.items():
-                name = POWERTOOLS[durability]
-                with console.status(f"{label}: {name}"):
-                    peer = run_powertools(
-                        plan, callers=args.callers, warmup=args.warmup, server=server
-                    )
-                row[name] = peer.summary()
-                row[f"ratio_vs_{name}"] = round(
-                    ledger.timing.calls_per_s / peer.timing.calls_per_s, 4
-                )
-                console.print(f"{label}: {name} {peer.timing.calls_per_s:,.0f} calls/s")
-            runs.append(row)
+        for callers in args.callers:
+            for share in DUPLICATES:
+                runs.append(run_row(args, callers, share, servers, scratch, console))
     return {
         "workload": {
-            **workload_meta(args.calls, args.callers, DUPLICATES),
+            **workload_meta(args.calls, 0, DUPLICATES),
+            "callers": list(args.callers),
             "warmup_calls": args.warmup,
             "retry_gap": "a retry comes at least 4 x callers calls after its original",
         },
@@ -410,6 +477,11 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "separate process",
         },
         "ratio": "toolledger calls_per_s / the peer's calls_per_s",
+        "cpu_ratio": "toolledger cpu_ms_per_call / the peer's (this process + redis-server)",
+        "cpu_definition": "time.process_time() of this process (every thread) over the "
+        "measured loop / calls; Powertools adds redis-server's user + system CPU over the "
+        "same loop (/proc/<pid>/stat: redis_server_cpu_ms_per_call), null where /proc cannot "
+        "be read",
         "runs": runs,
         "redis": {
             name: {"version": server.version, "argv": server.argv}
@@ -429,10 +501,16 @@ def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 
 def show(result: dict[str, Any], console: Console) -> None:
-    workload = result["workload"]
-    table = Table(title=f"{workload['calls']} calls, {workload['callers']} callers")
-    for name in ("D", "system", "calls/s", "p50 ms", "p99 ms", "ratio toolledger/peer", "checks"):
+    table = Table(title=f"{result['workload']['calls']} calls per run")
+    for name in (
+        "callers", "D", "system", "calls/s", "p50 ms", "p99 ms", "CPU ms/call",
+        "of which redis-server", "ratio toolledger/peer", "CPU ratio", "checks",
+    ):  # fmt: skip
         table.add_column(name, justify="right")
+
+    def ms(value: float | None) -> str:
+        return "" if value is None else f"{value:.3f}"
+
     for row in result["runs"]:
         for system in ("toolledger", *POWERTOOLS.values()):
             if system not in row:
@@ -440,9 +518,11 @@ def show(result: dict[str, Any], console: Console) -> None:
             run = row[system]
             ratio = row.get(f"ratio_vs_{system}")
             table.add_row(
-                f"{row['duplicates']:.1f}", system, f"{run['calls_per_s']:,.0f}",
-                f"{run['p50_ms']:.2f}", f"{run['p99_ms']:.2f}",
+                str(row["callers"]), f"{row['duplicates']:.1f}", system,
+                f"{run['calls_per_s']:,.0f}", f"{run['p50_ms']:.2f}", f"{run['p99_ms']:.2f}",
+                ms(run["cpu_ms_per_call"]), ms(run.get("redis_server_cpu_ms_per_call")),
                 "" if ratio is None else f"{ratio:.3f}",
+                ms(row.get(f"cpu_ratio_vs_{system}")),
                 "ok" if run["checks"]["passed"] else "[red]FAILED",
             )  # fmt: skip
     console.print(table)
@@ -464,7 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--calls", type=int, default=20_000, help="calls per run")
-    parser.add_argument("--callers", type=int, default=16, help="concurrent callers")
+    parser.add_argument(
+        "--callers",
+        type=int,
+        nargs="+",
+        default=[16],
+        help="concurrent callers: one run of each system per number (e.g. 16 64)",
+    )
     parser.add_argument("--warmup", type=int, default=500, help="untimed calls first, per run")
     parser.add_argument(
         "--durability",
@@ -475,9 +561,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="bench/results/peers.json")
     args = parser.parse_args(argv)
-    if args.calls < 2 or args.callers < 1 or args.warmup < 0:
+    if args.calls < 2 or min(args.callers) < 1 or args.warmup < 0:
         parser.error("need --calls >= 2, --callers >= 1, --warmup >= 0")
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 160)  # the table is wide
     result = measure(args, console)
     show(result, console)
     write_result(result, args.out, console)

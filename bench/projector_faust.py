@@ -59,12 +59,12 @@ from typing import Any, Protocol
 
 import psycopg
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.common import write_result
 from bench.faust_projector import PROCESSING_GUARANTEE, FaustProjector
+from bench.kafka import delete_topics
 from processors.ledger import fold_all
 from processors.ledger.rows import call_row
 from projections.postgres import PostgresProjection, migrate
@@ -168,17 +168,6 @@ async def produce(bootstrap: str, topics: Topics, events: Sequence[Event], txn_s
                     )
     finally:
         await producer.stop()
-
-
-async def delete_topics(bootstrap: str, topics: Topics) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics(
-            [topics.intents, topics.outcomes, topics.state, topics.dead_letters]
-        )
-    finally:
-        await admin.close()
 
 
 # ------------------------------------------------------------------------------ databases
@@ -378,7 +367,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep:
             for name in databases:
                 await drop_database(dsn, name)
-            await delete_topics(bootstrap, topics)
+            await delete_topics(bootstrap, topics.prefix)
     return report(args, runs, expected, len(events), await server_version(dsn))
 
 

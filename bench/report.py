@@ -3,7 +3,10 @@
 The page holds one marker line per table, ``<!-- bench:NAME -->``; when the site is built,
 :func:`fill` (called by the site's hook, ``mkdocs_hooks.py``) puts the table in the marker's
 place, so the page always shows the figures of the result files in the tree. A marker without
-a table, or a result file without a figure a table needs, fails the build.
+a table, or a result file without a figure a table needs, fails the build. CPU figures are
+the exception (:func:`_cpu`): a run may not have been able to read them (an executor in the
+benchmark's own process, no ``/proc``), and result files written before a benchmark measured
+CPU have none; the table then says so.
 ``python -m bench.report`` prints every table.
 """
 
@@ -39,23 +42,54 @@ def _met(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
+def _cpu(figures: dict[str, Any], key: str, unit: str = "call") -> str:
+    """A CPU figure in ms per ``unit``, or that the run has none (see the module's text)."""
+    value = figures.get(key)
+    return "CPU not measured" if value is None else f"{_n(value, 3)} ms CPU/{unit}"
+
+
+TARGET_CELL = (16, "FULL", 0.0)  # the embedded matrix's cell issue 30's targets are set in
+
+
+def _cell(embedded: Any, callers: int, synchronous: str, duplicates: float) -> Any:
+    return next(
+        c
+        for c in embedded["matrix"]["cells"]
+        if (c["callers"], c["synchronous"], c["duplicates"]) == (callers, synchronous, duplicates)
+    )
+
+
+def _callers(peers: Any, run: Any) -> int:
+    """A peers run's callers (result files before ``--callers`` took several numbers have one,
+    in the workload)."""
+    return int(run.get("callers", peers["workload"]["callers"]))
+
+
 def summary() -> str:
     """Each benchmark beside the raw baseline measured in the same run."""
     embedded, kafka, process = _load("embedded"), _load("kafka"), _load("kafka_executor_process")
     faust, http, workers = _load("projector_faust"), _load("http"), _load("http_workers")
     groups, jobs = _load("groups"), _load("jobs_polling")
     one, two = (next(r for r in workers["meta"]["runs"] if r["workers"] == n) for n in (1, 2))
+    callers, synchronous, _ = TARGET_CELL
+    embedded_rows = []
+    for share in (0.0, 0.5):
+        cell = _cell(embedded, callers, synchronous, share)
+        ledger, raw = cell["toolledger"], cell["raw_group_commit"]
+        embedded_rows.append(
+            [
+                f"embedded, {callers} callers, `synchronous={synchronous}`, "
+                f"{_n(share * 100)}% duplicates (`bench/embedded.py`)",
+                f"{_n(ledger['calls_per_s'])} calls/s, {_cpu(ledger, 'cpu_ms_per_call')}",
+                f"{_n(raw['calls_per_s'])} calls/s, {_cpu(raw, 'cpu_ms_per_call')}: one "
+                "`INSERT OR IGNORE` per call into a plain SQLite claim table, group commit",
+                _n(cell["ratio"], 3),
+            ]
+        )
     return _table(
         ["benchmark", "toolledger", "raw baseline (same run)", "ratio"],
         [
-            [
-                "embedded, 0% duplicates (`bench/embedded.py`)",
-                f"{_n(embedded['calls_per_s'])} calls/s",
-                f"{_n(embedded['raw_rows_per_s'])} row sets/s: batched SQLite inserts of the "
-                "same rows",
-                _n(embedded["ratio"], 3),
-            ],
-            ["embedded, 50% duplicates", f"{_n(embedded['calls_per_s_dup50'])} calls/s", "", ""],
+            *embedded_rows,
             [
                 f"Kafka end to end, {kafka['meta']['partitions']} partitions (`bench/kafka.py`)",
                 f"{_n(kafka['e2e_calls_per_s'])} calls/s",
@@ -74,8 +108,10 @@ def summary() -> str:
             [
                 "the same, the executor in a process of its own (`--executor subprocess`)",
                 f"{_n(process['e2e_calls_per_s'])} calls/s, p50 {_n(process['p50_ms'])} ms, "
-                f"p99 {_n(process['p99_ms'])} ms",
-                f"{_n(process['raw_txn_pipe_msgs_per_s'])} round trips/s (transactional)",
+                f"p99 {_n(process['p99_ms'])} ms; executor "
+                f"{_cpu(process, 'executor_cpu_ms_per_call')}",
+                f"{_n(process['raw_txn_pipe_msgs_per_s'])} round trips/s (transactional); relay "
+                f"{_cpu(process, 'raw_txn_relay_cpu_ms_per_round_trip', 'round trip')}",
                 _n(process["ratio_e2e_vs_raw_txn_pipe"], 3),
             ],
             [
@@ -88,8 +124,10 @@ def summary() -> str:
             ],
             [
                 "projector into PostgreSQL",
-                f"{_n(kafka['projector_rows_per_s'])} events/s",
-                f"{_n(kafka['raw_copy_rows_per_s'])} rows/s: `COPY` into an unindexed table",
+                f"{_n(kafka['projector_rows_per_s'])} events/s, "
+                f"{_cpu(kafka, 'projector_cpu_ms_per_event', 'event')}",
+                f"{_n(kafka['raw_copy_rows_per_s'])} rows/s: `COPY` into an unindexed table, "
+                f"{_cpu(kafka, 'raw_copy_cpu_ms_per_row', 'row')}",
                 _n(kafka["ratio_projector_vs_copy"], 3),
             ],
             [
@@ -144,22 +182,29 @@ def summary() -> str:
 
 
 def peers() -> str:
-    """The embedded ledger against AWS Powertools' idempotency over Redis."""
+    """The embedded ledger against AWS Powertools' idempotency over Redis, with CPU per call
+    (Powertools': this process's plus redis-server's)."""
     result = _load("peers")
     rows = []
     for run in result["runs"]:
-        cells: list[object] = [f"{run['duplicates']:g}"]
+        cells: list[object] = [_callers(result, run), f"{run['duplicates']:g}"]
         for system in ("toolledger", "powertools_redis", "powertools_redis_aof_always"):
             measured = run[system]
             cells.append(
                 f"{_n(measured['calls_per_s'])} calls/s, p50 {_n(measured['p50_ms'], 1)} ms, "
-                f"p99 {_n(measured['p99_ms'], 1)} ms"
+                f"p99 {_n(measured['p99_ms'], 1)} ms, {_cpu(measured, 'cpu_ms_per_call')}"
+                + (
+                    ""
+                    if measured.get("redis_server_cpu_ms_per_call") is None
+                    else f" (redis-server {_n(measured['redis_server_cpu_ms_per_call'], 3)})"
+                )
             )
             if system != "toolledger":
                 cells.append(_n(run[f"ratio_vs_{system}"], 2))
         rows.append(cells)
     return _table(
         [
+            "callers",
             "D (share of retries)",
             "toolledger embedded, `synchronous=FULL`",
             f"Powertools {result['meta']['aws_lambda_powertools']} + Redis, no persistence",
@@ -185,11 +230,13 @@ def matrix() -> str:
                 f"{_n(cell['duplicates'] * 100)}%",
                 f"{_n(ledger['calls_per_s'])} calls/s, p50 {_n(ledger['p50_ms'], 1)} ms, "
                 f"p99 {_n(ledger['p99_ms'], 1)} ms",
+                _cpu(ledger, "cpu_ms_per_call"),
                 ""
                 if half is None
                 else f"{_n(half['rate_per_s'])} calls/s issued: p50 "
-                f"{_n(half['p50_ms'], 1)} ms, p99 {_n(half['p99_ms'], 1)} ms",
-                f"{_n(raw['calls_per_s'])} calls/s",
+                f"{_n(half['p50_ms'], 1)} ms, p99 {_n(half['p99_ms'], 1)} ms, "
+                f"{_cpu(half, 'cpu_ms_per_call')}",
+                f"{_n(raw['calls_per_s'])} calls/s, {_cpu(raw, 'cpu_ms_per_call')}",
                 _n(cell["ratio"], 3),
             ]
         )
@@ -199,6 +246,7 @@ def matrix() -> str:
             "synchronous",
             "duplicates",
             "toolledger",
+            "toolledger CPU",
             "at half that rate",
             "raw claim table",
             "ratio",
@@ -207,8 +255,8 @@ def matrix() -> str:
     )
 
 
-def _embedded_run(retention: str) -> Any:
-    return next(r for r in _load("scale")["embedded"] if r["retention"] == retention)
+def _short_retention_run() -> Any:
+    return next(r for r in _load("scale")["embedded"] if r["retention"] != "forever")
 
 
 def scale_embedded() -> str:
@@ -253,8 +301,9 @@ def scale_embedded() -> str:
 
 
 def scale_steps() -> str:
-    """The run with every retention at 2 minutes, step by step: the disk is flat."""
-    steps = _embedded_run("2m")["steps"]
+    """The run with every retention short (2 minutes by default), step by step: the disk is
+    flat."""
+    steps = _short_retention_run()["steps"]
     return _table(
         ["calls", *(_n(s["calls"]) for s in steps)],
         [
@@ -291,6 +340,12 @@ def scale_kafka() -> str:
 def cpu() -> str:
     """Where the CPU goes, per request and per call, in the same runs."""
     http, kafka, workers = _load("http"), _load("kafka"), _load("http_workers")
+    embedded, peer, process = _load("embedded"), _load("peers"), _load("kafka_executor_process")
+    cell = _cell(embedded, *TARGET_CELL)
+    peer_run = next(
+        r for r in peer["runs"] if (_callers(peer, r), r["duplicates"]) == TARGET_CELL[::2]
+    )
+    powertools = peer_run["powertools_redis"]
     phases = http["meta"]["phases"]
     one = next(r for r in workers["meta"]["runs"] if r["workers"] == 1)["phases"]
     diagnostics = kafka["meta"]["diagnostics"]
@@ -298,6 +353,18 @@ def cpu() -> str:
     return _table(
         ["what", "CPU", "baseline"],
         [
+            [
+                f"embedded ledger, {TARGET_CELL[0]} callers, `synchronous={TARGET_CELL[1]}`, "
+                "first executions (the whole process: event loop and writer thread)",
+                _cpu(cell["toolledger"], "cpu_ms_per_call"),
+                "the raw claim table: " + _cpu(cell["raw_group_commit"], "cpu_ms_per_call"),
+            ],
+            [
+                f"the same workload in `bench/peers.py` ({TARGET_CELL[0]} callers, D=0)",
+                _cpu(peer_run["toolledger"], "cpu_ms_per_call"),
+                "Powertools + Redis (no persistence), its process and redis-server: "
+                + _cpu(powertools, "cpu_ms_per_call"),
+            ],
             [
                 "HTTP server, embedded: a first execution / a replay",
                 f"{_n(phases['first']['server_cpu_ms_per_request'], 2)} / "
@@ -322,6 +389,12 @@ def cpu() -> str:
                 f"{_n(diagnostics['raw_txn_pipe_cpu_ms_per_round_trip'], 3)} ms per round trip",
             ],
             [
+                "the Kafka executor in a process of its own (`--executor subprocess`)",
+                _cpu(process, "executor_cpu_ms_per_call"),
+                "the transactional pipe's relay in a process of its own: "
+                + _cpu(process, "raw_txn_relay_cpu_ms_per_round_trip", "round trip"),
+            ],
+            [
                 "an executor transaction (p50)",
                 f"{_n(transaction['p50'])} ms, of which `send_offsets_to_transaction` "
                 f"{_n(transaction['send_offsets_p50'])} ms and the commit "
@@ -338,13 +411,14 @@ def targets() -> str:
     """Each target of the hot-path work and where the last run stands."""
     embedded, peer, kafka = _load("embedded"), _load("peers"), _load("kafka")
     process, http, workers = _load("kafka_executor_process"), _load("http"), _load("http_workers")
-    cell = next(
-        c
-        for c in embedded["matrix"]["cells"]
-        if (c["callers"], c["synchronous"], c["duplicates"]) == (16, "FULL", 0.0)
-    )
+    cell = _cell(embedded, *TARGET_CELL)
     half = cell["toolledger"]["half_rate"]
-    ratios = {run["duplicates"]: run["ratio_vs_powertools_redis"] for run in peer["runs"]}
+    cpu = cell["toolledger"].get("cpu_ms_per_call")
+    ratios = {
+        run["duplicates"]: run["ratio_vs_powertools_redis"]
+        for run in peer["runs"]
+        if _callers(peer, run) == TARGET_CELL[0]
+    }
     kafka_ratio = kafka["ratio_e2e_vs_raw_txn_pipe"]
     process_ratio = process["ratio_e2e_vs_raw_txn_pipe"]
     scaling = workers["ratio_vs_first_by_workers"]["2"]
@@ -355,13 +429,18 @@ def targets() -> str:
             _met(cell["toolledger"]["calls_per_s"] >= 5000),
         ],
         [
+            "embedded: <= 0.25 ms CPU per call",
+            _cpu(cell["toolledger"], "cpu_ms_per_call"),
+            "not measured" if cpu is None else _met(cpu <= 0.25),
+        ],
+        [
             "embedded: p99 <= 10 ms at half that rate",
             f"p99 {_n(half['p99_ms'], 1)} ms (p50 {_n(half['p50_ms'], 1)}) at half of its "
             f"own rate, {_n(half['rate_per_s'])} calls/s",
             _met(half["p99_ms"] <= 10),
         ],
         [
-            "embedded: >= 1.5x Powertools + Redis",
+            f"embedded: >= 1.5x Powertools + Redis at {TARGET_CELL[0]} callers",
             ", ".join(f"{_n(r, 2)} (D={d:g})" for d, r in ratios.items()),
             _met(min(ratios.values()) >= 1.5),
         ],
