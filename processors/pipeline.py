@@ -74,6 +74,7 @@ from schemas.events import (
 )
 from schemas.governance import approval_id_for
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.nesting import NestingTooDeep, check_text_depth
 
 log = logging.getLogger("toolledger.executor")
 
@@ -147,6 +148,10 @@ class Stages:
                 check_idempotency_key(env.idempotency_key)
             except InvalidIdempotencyKey as exc:
                 return reject(ErrorCode.IDEMPOTENCY_KEY_INVALID, str(exc).capitalize() + ".")
+        try:  # every front door's text passes here: one check, before the parser recurses
+            check_text_depth(intent.arguments_json)
+        except NestingTooDeep as exc:
+            return reject(ErrorCode.VALIDATION_FAILED, str(exc))
         try:
             raw = json.loads(intent.arguments_json, parse_constant=_reject_nan)
         except (ValueError, CanonicalJsonError) as exc:
@@ -274,9 +279,7 @@ class Stages:
             )
         return tool, ctx
 
-    def job_outcome(
-        self, tool: Tool, report: ToolCallJobReported
-    ) -> JobOutcome | ToolCallRejected:
+    def job_outcome(self, tool: Tool, report: ToolCallJobReported) -> JobOutcome | ToolCallRejected:
         """What a job's own report says, or its refusal (a result its model rejects)."""
         if report.status is JobStatus.RUNNING:
             return JobRunning(report.progress)
@@ -339,9 +342,7 @@ class Stages:
                 raise
             return _cancel_failed("CancelledError")
         except Exception as exc:
-            log.warning(
-                "cancel failed", extra={"tool": tool.name, "exception": type(exc).__name__}
-            )
+            log.warning("cancel failed", extra={"tool": tool.name, "exception": type(exc).__name__})
             return _cancel_failed(type(exc).__name__)
         return None
 

@@ -46,6 +46,7 @@ from schemas.keys import (
     check_idempotency_key,
     random_id,
 )
+from schemas.nesting import NestingTooDeep
 from schemas.status import CallStatus
 
 DEFAULT_WAIT_S = 10.0
@@ -214,6 +215,10 @@ class LedgerClient:
                 ErrorCode.VALIDATION_FAILED,
                 f"The arguments are not a JSON document: {exc}",
                 call_id,
+            )
+        except RecursionError:  # deeper than any parser follows: far past the limit
+            return _refused(
+                ErrorCode.VALIDATION_FAILED, str(NestingTooDeep("the arguments")), call_id
             )
         try:
             size = len(arguments_json.encode("utf-8"))

@@ -40,6 +40,7 @@ from producers.client import (
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import GroupAnswer, GroupView
 from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.nesting import NestingTooDeep
 from schemas.status import CallStatus
 
 PROBLEM = "application/problem+json"
@@ -131,6 +132,10 @@ class HttpLedgerClient:
                 ErrorCode.VALIDATION_FAILED,
                 f"The arguments are not a JSON document: {exc}",
                 call_id,
+            )
+        except RecursionError:  # deeper than any parser follows (the server refuses the rest)
+            return _refused(
+                ErrorCode.VALIDATION_FAILED, str(NestingTooDeep("the arguments")), call_id
             )
         headers = {"Content-Type": "application/json"}
         if idempotency_key is not None:

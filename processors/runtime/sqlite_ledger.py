@@ -55,7 +55,6 @@ from processors.runtime.ledger_file import (
     must_create,
     read_only,
     record_identity,
-    traces,
     write_failure,
 )
 from processors.runtime.snapshot import restore
@@ -166,10 +165,6 @@ class SqliteLedger:
         self.read_model = read_model
         self.path = Path(path)
         new = must_create(self.path, create)  # before the lock: a refusal leaves no trace
-        if new and traces(self.path):  # asked to, but a ledger was here: say so
-            log.warning(
-                "creating a new, empty ledger where one was before", extra={"path": str(path)}
-            )
         self._lock_file: IO[str] | None = None
         self._lock()
         try:

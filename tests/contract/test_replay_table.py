@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from producers.client import TrustedContext
 from schemas.status import CallStatus
 from tests.contract.harness import ACME, GLOBEX, Harness, eventually
@@ -360,3 +362,26 @@ async def test_undecodable_intent_is_dead_lettered_and_does_not_block(ledger: Ha
     assert len(reasons) == 2
     assert any("fingerprint" in r.lower() for r in reasons), reasons
     assert any("marker" in r.lower() for r in reasons), reasons
+
+
+@pytest.mark.parametrize("depth", [65, 1_000, 100_000])
+async def test_arguments_nested_past_the_limit_are_refused_and_leave_the_key_unused(
+    ledger: Harness, depth: int
+) -> None:
+    """The client's own door: Python arguments nested past 64 levels (the object is level 1)
+    are a VALIDATION_FAILED naming the limit at any depth, never a RecursionError; nothing is
+    stored, the key takes the fixed arguments."""
+    deep: list[object] = []
+    for _ in range(depth - 2):
+        deep = [deep]
+    bad = await ledger.client.call(
+        "create_ticket", {"title": "deep", "extra": deep}, idempotency_key="k-deep", context=ACME
+    )
+    assert bad.rejected and bad.error is not None and bad.error.code == "VALIDATION_FAILED"
+    assert "the limit is 64 levels" in bad.error.message
+    assert await ledger.call_row(bad.call_id) is None
+    good = await ledger.client.call(
+        "create_ticket", {"title": "fixed"}, idempotency_key="k-deep", context=ACME
+    )
+    assert good.ok and not good.replayed
+    assert ledger.effects("create_ticket", "k-deep") == 1

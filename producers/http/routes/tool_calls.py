@@ -108,4 +108,3 @@ async def _call_tool_directly(request: Request) -> Response:
 
 
 FAST_ROUTE = Route(CALLS_PATH, _call_tool_directly, methods=["POST"])
-
