@@ -281,13 +281,18 @@ class AuthThrottle:
         """Whole seconds until an attempt with ``keys`` may be checked again; None: now."""
         if self.bucket is None:
             return None
+        bucket = self.bucket
         with self._lock:
+            if not self._levels:  # nothing refused lately: every bucket is full
+                return None
             now = self._clock()
-            short = [
-                1.0 - level.tokens
-                for level in (_refilled(self._levels, k, self.bucket, now) for k in keys)
-                if level.tokens < 1.0
-            ]
+            short: list[float] = []
+            for key in keys:  # read only: a key without a level has a full bucket
+                level = self._levels.get(key)
+                if level is not None:
+                    tokens = min(bucket.burst, level.tokens + (now - level.stamp) * bucket.rate)
+                    if tokens < 1.0:
+                        short.append(1.0 - tokens)
         if not short:
             return None
         return max(1, math.ceil(max(short) / self.bucket.rate - 1e-9))
