@@ -18,7 +18,6 @@ the answers and holding each outcome event of the log once.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
 import time
@@ -230,7 +229,7 @@ async def _projected(dsn: str, keys: set[str], events: int) -> dict[str, dict[st
                 )
             ).fetchone()
         found = {
-            r[0]: {"call_id": r[1], "status": r[2], "result": r[3] and json.loads(r[3])}
+            r[0]: {"call_id": r[1], "status": r[2], "result": r[3]}  # jsonb: psycopg decodes it
             for r in rows
         }
         final = all(found.get(k, {}).get("status") == "SUCCEEDED" for k in keys)

@@ -8,7 +8,7 @@ Needs ``TOOLLEDGER_POSTGRES`` (see ``tests/services.py``); each test gets a fres
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import psycopg
@@ -81,14 +81,16 @@ async def test_scenario_on_postgres_answers_as_on_sqlite(
 
 
 def comparable(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, Any], ...]]:
-    """Rows of either database in one form: times as the SQLite views' UTC text, booleans as
-    0/1, in a stable order; without ``seq``, the audit position, which each database derives
-    from its own log's positions (PostgreSQL: 0008_analytics.sql; the embedded file: its log's
-    sequence)."""
+    """Rows of either database in one form: times as the SQLite views' UTC text, days as ISO
+    dates, booleans as 0/1, in a stable order; without ``seq``, the audit position, which each
+    database derives from its own log's positions (PostgreSQL: 0008_analytics.sql; the embedded
+    file: its log's sequence)."""
 
     def value(v: Any) -> Any:
         if isinstance(v, datetime):
             return sqlite_time(v)
+        if isinstance(v, date):
+            return v.isoformat()
         if isinstance(v, bool):
             return int(v)
         return v

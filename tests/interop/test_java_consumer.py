@@ -23,7 +23,13 @@ from schemas.bundle import BUNDLE_DIR
 from schemas.codec import decode
 from schemas.keys import partition_for
 from schemas.topics import Topics, partition_key
-from tests.http.helpers import approval_token, assert_call, assert_problem, post_call
+from tests.http.helpers import (
+    approval_token,
+    assert_call,
+    assert_problem,
+    eventually_get,
+    post_call,
+)
 from tests.http.servers import ACME, OPERATOR, PARTITIONS, Server, start_distributed
 from tests.services import Services
 
@@ -92,13 +98,14 @@ async def workload(server: Server) -> None:
         unknown = await post_call(
             c, "flaky_write", hang, key="unknown", wait=server.flaky_timeout_s + 20
         )
-        assert_call(unknown, "UNKNOWN", replayed=False)
+        unknown_call = assert_call(unknown, "UNKNOWN", replayed=False)
         await approval_token(c, "send_email", EMAIL, "mail")
         assert_call(
             await post_call(c, "send_email", EMAIL, key="mail"), "SUCCEEDED", replayed=False
         )
         job = await post_call(c, "export_tickets", {"delay_ms": 200}, key="job", wait=5)
         assert job.status_code in (200, 202), job.text
+        job_call = job.json()
         steps = [
             {"id": "open", "tool": "create_ticket", "arguments": {"title": "grouped"}},
             {
@@ -122,6 +129,15 @@ async def workload(server: Server) -> None:
         switch["enabled"] = True
         on = await c.put("/v1/tools/close_ticket/switch", headers=OPERATOR.headers, json=switch)
         assert on.status_code == 200, on.text
+        # the job finishes and the UNKNOWN is reconciled in the background: both are awaited,
+        # so no outcome is still on its way when the Java consumer and PostgreSQL are counted
+        for call in (job_call, unknown_call):
+            await eventually_get(
+                c,
+                f"/v1/calls/{call['call_id']}",
+                lambda r: r.json()["status"] not in ("PENDING", "UNKNOWN"),
+                timeout_s=120,
+            )
     assert server.kafka is not None and server.prefix is not None
     producer = AIOKafkaProducer(bootstrap_servers=server.kafka, acks="all")
     await producer.start()
