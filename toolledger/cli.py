@@ -167,7 +167,7 @@ def executor(
     ] = None,
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     intents_retention: options.TopicIntentsRetentionOption = "7d",
-    key_retention: options.KeyRetentionOption = "24h",
+    key_retention: options.KeyRetentionOption = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -191,7 +191,7 @@ def executor(
         registry = load_tools(
             tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
         )
-        options.key_retention(registry, key_retention)
+        asked = options.key_retention(registry, key_retention)
         intents_ms = _retention_ms(
             intents_retention, allow_forever=False, what="--intents-retention"
         )
@@ -199,23 +199,28 @@ def executor(
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     _tracing()
-    asyncio.run(
-        releasing_free_memory(
-            run_executor(
-                kafka,
-                Topics(prefix, partitions),
-                registry,
-                secret,
-                concurrency=concurrency,
-                session_timeout_ms=session_timeout_ms,
-                ready_file=ready_file,
-                approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-                intents_retention_ms=intents_ms,
-                state_dir=state_dir,
-                cache_entries=cache_entries,
+    try:
+        asyncio.run(
+            releasing_free_memory(
+                run_executor(
+                    kafka,
+                    Topics(prefix, partitions),
+                    registry,
+                    secret,
+                    concurrency=concurrency,
+                    session_timeout_ms=session_timeout_ms,
+                    ready_file=ready_file,
+                    approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+                    intents_retention_ms=intents_ms,
+                    state_dir=state_dir,
+                    cache_entries=cache_entries,
+                    key_retention=asked,
+                )
             )
         )
-    )
+    except ConfigError as exc:  # a key retention the deployment's record disagrees with
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
 
 
 def _helpdesk_only(ctx: typer.Context, *names: str) -> None:
@@ -247,17 +252,35 @@ def topics(
             "theirs.",
         ),
     ] = 1,
+    key_retention: Annotated[
+        str | None,
+        typer.Option(
+            "--key-retention",
+            help="Record the deployment's key retention, for tools whose manifest sets none "
+            "(90s, 30m, 24h, 7d, PT24H, or 'forever'): every executor and front door applies "
+            "and states it from their next start, and refuses a --key-retention of its own that "
+            "disagrees. Without it, the one recorded stays (or the first process to start "
+            "records its own).",
+        ),
+    ] = None,
 ) -> None:
     """Create the Kafka topics if missing and set each one's config: intents with time
     retention, outcomes as told, state compacted (expired keys' tombstones shrink it), groups
-    with the intents' retention (a group's events carry its steps' literal arguments)."""
+    with the intents' retention (a group's events carry its steps' literal arguments), and the
+    settings topic, which records the deployment's key retention."""
     _require("kafka", what="toolledger topics")
+    from processors.tools.retention import RetentionError, describe, parse_retention
     from schemas.topics import Topics
     from toolledger.kafka_admin import (
         TopicError,
         apply_topic_configs,
         ensure_topics,
         topic_configs,
+    )
+    from toolledger.kafka_settings import (
+        RecordedRetention,
+        recorded_key_retention,
+        set_key_retention,
     )
 
     try:
@@ -267,27 +290,41 @@ def topics(
         outcomes_ms = _retention_ms(
             outcomes_retention, allow_forever=True, what="--outcomes-retention"
         )
-    except ConfigError as exc:
+        keys = None if key_retention is None else parse_retention(key_retention)
+    except (ConfigError, RetentionError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     layout = Topics(prefix, partitions)
 
-    async def run() -> dict[str, dict[str, str]]:
+    async def run() -> tuple[dict[str, dict[str, str]], RecordedRetention | None]:
         await ensure_topics(
             kafka, layout, replication_factor=replication_factor, intents_retention_ms=intents_ms
         )
         configs = topic_configs(
             layout, intents_retention_ms=intents_ms, outcomes_retention_ms=outcomes_ms
         )
-        return await apply_topic_configs(kafka, configs)
+        applied = await apply_topic_configs(kafka, configs)
+        if keys is not None:
+            return applied, await set_key_retention(kafka, layout, keys)
+        return applied, await recorded_key_retention(kafka, layout)
 
     try:
-        applied = asyncio.run(run())
-    except TopicError as exc:
+        applied, recorded = asyncio.run(run())
+    except (TopicError, ConfigError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     for name, config in applied.items():
         console.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
+    if recorded is None:
+        console.print(
+            f"{layout.settings}: no key retention recorded yet (the first executor or front door "
+            "to start records its own: its --key-retention, else 24h)"
+        )
+    else:
+        console.print(
+            f"{layout.settings}: key_retention={describe(recorded.key_retention)} "
+            f"(recorded by {recorded.set_by}; running processes take a change when they restart)"
+        )
 
 
 def _retention_ms(text: str, *, allow_forever: bool, what: str) -> int:
@@ -593,7 +630,7 @@ def serve(
         ),
     ] = 3,
     create: CreateOption = False,
-    key_retention: options.KeyRetentionOption = "24h",
+    key_retention: options.KeyRetentionOption = None,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -653,7 +690,7 @@ def serve(
         new_ledger = options.creates(data, create, embedded=kafka is None)
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
-        options.key_retention(registry, key_retention)
+        asked = options.key_retention(registry, key_retention)
         retained = {
             "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
             "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
@@ -707,6 +744,7 @@ def serve(
             "create": new_ledger,
             "shutdown_timeout_s": shutdown_timeout_s,
             "cache_entries": cache_entries,
+            "key_retention": asked,
             **retained,
         },
         limits=ConnectionLimits(
@@ -738,7 +776,7 @@ class _DoorSpec:
 
     tools: str
     data: Path
-    key_retention: str
+    key_retention: str | None
     security: Security
     door: dict[str, Any]  # open_door's keyword arguments
     limits: ConnectionLimits

@@ -26,9 +26,11 @@ from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
 from processors.runtime.kafka import KafkaExecutor
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
+from processors.tools.retention import KeyRetention
 from schemas.topics import Topics
 from toolledger.audit import audit_retention as audit_retention_of
 from toolledger.kafka_admin import ensure_topics
+from toolledger.kafka_settings import agreed_key_retention
 
 if TYPE_CHECKING:
     from processors.groups.facts import StepTool
@@ -142,8 +144,17 @@ async def run_executor(
     intents_retention_ms: int | None = None,
     state_dir: Path | None = None,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    key_retention: KeyRetention | None = None,
 ) -> None:
+    """Run an executor until SIGTERM. ``key_retention``: its ``--key-retention`` (None: not
+    given); the deployment's recorded one is applied, and a disagreeing one refused
+    (:class:`~toolledger.config.ConfigError`; :mod:`toolledger.kafka_settings`)."""
     await ensure_topics(bootstrap, topics, intents_retention_ms=intents_retention_ms)
+    registry.set_default_key_retention(
+        await agreed_key_retention(
+            bootstrap, topics, key_retention, registry.default_key_retention, who="executor"
+        )
+    )
     executor = KafkaExecutor(
         bootstrap,
         topics,

@@ -136,6 +136,12 @@ class _Kafka:
 
     async def open(self) -> _Caller:
         await self.transport.start()
+        if self.registry is not None:  # the tools as the deployment's executors apply them
+            from toolledger.kafka_settings import recorded_key_retention
+
+            found = await recorded_key_retention(self.transport.bootstrap, self.transport.topics)
+            if found is not None:
+                self.registry.set_default_key_retention(found.key_retention)
         client = LedgerClient(self.transport, default_wait_s=self.wait_s)
         if self.postgres is not None and self.registry is not None:
             self.groups = await self._open_groups(client, self.postgres, self.registry)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the
     from starlette.applications import Starlette
 
     from processors.tools.registry import ToolRegistry
+    from processors.tools.retention import KeyRetention
     from producers.client import QueuedProbe, TrustedContext
     from producers.http.app import FrontDoor
     from producers.http.auth import Authenticator, TokenStore
@@ -182,6 +183,7 @@ def open_door(
     prefix: str,
     partitions: int,
     create: bool | None = None,
+    key_retention: KeyRetention | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """The backend ``toolledger serve`` would use, with its authenticator (a bare tokens
     file: that file only). A JWKS file or JWT settings that are not usable raise
@@ -199,6 +201,7 @@ def open_door(
         postgres=postgres,
         topics=Topics(prefix, partitions),
         create=create,
+        key_retention=key_retention,
     )
 
 
@@ -241,7 +244,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
         jwt_scopes_claim: JwtScopesClaimOption = None,
         create: CreateOption = False,
-        key_retention: options.KeyRetentionOption = "24h",
+        key_retention: options.KeyRetentionOption = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -280,7 +283,7 @@ def register_mcp_command(app: typer.Typer) -> None:
             new_ledger = options.creates(data, create, embedded=kafka is None)
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
-            options.key_retention(registry, key_retention)
+            asked = options.key_retention(registry, key_retention)
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
@@ -295,6 +298,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 prefix=prefix,
                 partitions=partitions,
                 create=new_ledger,
+                key_retention=asked,
             )
             async with door as front:
                 if context is not None:

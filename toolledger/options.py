@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 
 from processors.runtime.ledger_file import LedgerFileError, must_create, traces
 from processors.tools.registry import ToolRegistry
-from processors.tools.retention import RetentionError, parse_retention
+from processors.tools.retention import KeyRetention, RetentionError, parse_retention
 from processors.toolsets.helpdesk import holds_effects
 from toolledger.config import ConfigError
 
@@ -135,21 +135,29 @@ def creates(data: Path, create: bool, *, embedded: bool) -> bool | None:
 
 
 KeyRetentionOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--key-retention",
         help="How long a finished call's key is kept, for tools whose manifest sets none: "
-        "90s, 30m, 24h, 7d, PT24H, or 'forever'. After it, the same key runs as a new call.",
+        "90s, 30m, 24h, 7d, PT24H, or 'forever' (default: the tools' registry's, 24h). After "
+        "it, the same key runs as a new call. On Kafka the deployment's is recorded on its "
+        "settings topic (set by 'toolledger topics --key-retention', else by the first process "
+        "to start): a process whose option disagrees refuses to start.",
     ),
 ]
 
 
-def key_retention(registry: ToolRegistry, text: str) -> None:
-    """Apply ``--key-retention`` to ``registry`` (:class:`ConfigError` if it is no duration)."""
+def key_retention(registry: ToolRegistry, text: str | None) -> KeyRetention | None:
+    """Apply ``--key-retention`` to ``registry`` and return it (None: not given; the registry
+    keeps its default). :class:`ConfigError` if it is no duration."""
+    if text is None:
+        return None
     try:
-        registry.set_default_key_retention(parse_retention(text))
+        retention = parse_retention(text)
     except RetentionError as exc:
         raise ConfigError(str(exc)) from None
+    registry.set_default_key_retention(retention)
+    return retention
 
 
 TopicIntentsRetentionOption = Annotated[

@@ -17,7 +17,7 @@ from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from processors.tools.registry import ToolRegistry
-from processors.tools.retention import describe, seconds_of
+from processors.tools.retention import KeyRetention, describe, seconds_of
 from producers.client import LedgerClient
 from producers.governance import DEFAULT_TOKEN_TTL
 from producers.http.app import FrontDoor, ToolInfo, create_app
@@ -128,17 +128,18 @@ class Security:
         limiter = rate_limiter(registry, self.policy)
         throttle = AuthThrottle(rate_policy(self.policy).limits.auth_failures)
         tokens = self.tokens if self.tokens is not None else TokenStore([])
-        tools = tool_infos(registry)
 
         def door(
             client: LedgerClient,
             queries: CallQueries,
             ready: Callable[[], Awaitable[dict[str, bool]]],
         ) -> FrontDoor:
+            # the tools as they are when the door opens (on Kafka, with the deployment's key
+            # retention, read from its settings topic after this check)
             return FrontDoor(
                 client,
                 queries,
-                tools,
+                tool_infos(registry),
                 tokens,
                 ready,
                 limiter=limiter,
@@ -220,18 +221,27 @@ async def distributed_door(
     registry: ToolRegistry,
     security: Security,
     audit_retention: timedelta | None = None,
+    key_retention: KeyRetention | None = None,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of the Kafka + PostgreSQL backend (``audit_retention``: see
-    :func:`embedded_door`; one front door at a time prunes)."""
+    :func:`embedded_door`; one front door at a time prunes). ``key_retention``: its
+    ``--key-retention`` (None: not given); the deployment's recorded one is what the door
+    states, and a disagreeing one is refused (:mod:`toolledger.kafka_settings`)."""
     from producers.kafka import KafkaTransport
     from producers.kafka_intents import KafkaIntentLookup
     from projections.audit_retention import prune_postgres
     from projections.postgres import PostgresCalls, PostgresProjection, migrate
     from toolledger.groups import postgres_groups
     from toolledger.kafka_admin import ensure_topics
+    from toolledger.kafka_settings import agreed_key_retention
 
     door = security.build(registry)
     await ensure_topics(kafka, topics)
+    registry.set_default_key_retention(
+        await agreed_key_retention(
+            kafka, topics, key_retention, registry.default_key_retention, who="serve"
+        )
+    )
     await migrate(postgres)
     transport = KafkaTransport(kafka, topics)
     await transport.start()
@@ -279,10 +289,14 @@ def open_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
+    key_retention: KeyRetention | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
-    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
+    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given.
+    ``key_retention``: the ``--key-retention`` given (embedded: already the registry's)."""
     if kafka is not None and postgres is not None:
-        return distributed_door(kafka, postgres, topics, registry, security, audit_retention)
+        return distributed_door(
+            kafka, postgres, topics, registry, security, audit_retention, key_retention
+        )
     return embedded_door(
         data,
         registry,
