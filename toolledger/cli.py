@@ -25,7 +25,7 @@ from toolledger.config import (
     DEFAULT_KAFKA,
     DEFAULT_POSTGRES,
     ConfigError,
-    load_tools,
+    ToolSource,
     redaction_secret,
 )
 from toolledger.heap import releasing_free_memory
@@ -140,7 +140,15 @@ def executor(
     kafka: KafkaOption = DEFAULT_KAFKA,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
-    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    tools: options.ToolsOption = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="The demo's helpdesk tools (toolledger.examples.helpdesk:registry) instead of "
+            "--tools; their options below.",
+        ),
+    ] = False,
     helpdesk_db: Annotated[
         Path,
         typer.Option(
@@ -185,16 +193,17 @@ def executor(
     from toolledger.distributed import run_executor
 
     try:
-        if tools != "helpdesk":
+        source = ToolSource(tools, demo, helpdesk_db, timeout_s, flaky_timeout_s)
+        source.check()
+        if not demo:
             _helpdesk_only(ctx, "helpdesk_db", "timeout_s", "flaky_timeout_s")
         secret = redaction_secret(redaction_secret_file)
-        registry = load_tools(
-            tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
-        )
+        registry = source.load()
         asked = options.key_retention(registry, key_retention)
         intents_ms = _retention_ms(
             intents_retention, allow_forever=False, what="--intents-retention"
         )
+        source.make_store()  # written once every check passed
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -229,8 +238,8 @@ def _helpdesk_only(ctx: typer.Context, *names: str) -> None:
         source = ctx.get_parameter_source(param.name) if param.name in names else None
         if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             raise ConfigError(
-                f"{param.opts[0]} is an option of the helpdesk toolset (--tools helpdesk), "
-                f"not of {ctx.params['tools']}"
+                f"{param.opts[0]} is an option of the demo's helpdesk tools (--demo), not of "
+                f"--tools {ctx.params['tools']}"
             )
 
 
@@ -413,8 +422,19 @@ def replay(
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
     tools: Annotated[
-        str, typer.Option(help="'helpdesk' or module:registry: the tools the call groups used.")
-    ] = "helpdesk",
+        str | None,
+        typer.Option(
+            "--tools",
+            help="The tools the call groups used: module:attribute (imported from the working "
+            "directory) or path/to/file.py:attribute. Only their manifests are read.",
+        ),
+    ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo", help="The call groups used the demo's helpdesk tools (instead of --tools)."
+        ),
+    ] = False,
 ) -> None:
     """Drop the projections and rebuild them from the outcome log, and the call groups' read
     model from the group log.
@@ -426,12 +446,11 @@ def replay(
     from projections.groups import GroupRebuild
 
     rebuilt: GroupRebuild
-    with tempfile.TemporaryDirectory() as scratch:
-        try:  # only the tools' facts are read (keys, compensations): no store of their own
-            registry = load_tools(tools, (data or Path(scratch)) / "helpdesk.db")
-        except ConfigError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from None
+    try:  # only the tools' facts are read (keys, compensations): the demo's store is not made
+        registry = ToolSource(tools, demo).load()
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
     facts = step_tools(registry)
     if data is not None:
         from projections.dialect import SQLITE
@@ -598,7 +617,8 @@ def serve(
         ".toolledger"
     ),
     tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
-    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    tools: options.ToolsOption = None,
+    demo: options.DemoOption = False,
     kafka: ServeKafkaOption = None,
     postgres: ServePostgresOption = None,
     prefix: ServePrefixOption = "toolledger.",
@@ -685,11 +705,12 @@ def serve(
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
 
+    # nothing is written before every check passed: no --data left behind by a refusal
+    source = ToolSource(tools, demo, data / "helpdesk.db")
     try:
+        registry = source.load()
         token_store = TokenStore.load(tokens)
         new_ledger = options.creates(data, create, embedded=kafka is None)
-        data.mkdir(parents=True, exist_ok=True)
-        registry = load_tools(tools, data / "helpdesk.db")
         asked = options.key_retention(registry, key_retention)
         retained = {
             "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
@@ -716,6 +737,13 @@ def serve(
             "[red]--mcp serves from one process (MCP sessions live in it): use --workers 1[/]"
         )
         raise typer.Exit(2)
+    if kafka is None:  # the embedded ledger's directory; the demo's store beside the ledger
+        try:
+            data.mkdir(parents=True, exist_ok=True)
+            source.make_store()
+        except (ConfigError, OSError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
 
     security = options.security(
         token_store,
@@ -731,8 +759,7 @@ def serve(
         run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
     )
     spec = _DoorSpec(
-        tools=tools,
-        data=data,
+        tools=source,
         key_retention=key_retention,
         security=security,
         door={
@@ -774,8 +801,7 @@ class _DoorSpec:
     """What a ``serve`` process needs to open its front door and serve, picklable: each
     worker of ``serve --workers`` gets it and loads the tools again in its own process."""
 
-    tools: str
-    data: Path
+    tools: ToolSource
     key_retention: str | None
     security: Security
     door: dict[str, Any]  # open_door's keyword arguments
@@ -783,7 +809,7 @@ class _DoorSpec:
     log_level: str
 
     def registry(self) -> ToolRegistry:
-        registry = load_tools(self.tools, self.data / "helpdesk.db")
+        registry = self.tools.load()
         options.key_retention(registry, self.key_retention)
         return registry
 

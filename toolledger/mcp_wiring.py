@@ -227,7 +227,8 @@ def register_mcp_command(app: typer.Typer) -> None:
                 help="stdio: the token (of the tokens file) this server acts as.",
             ),
         ] = None,
-        tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+        tools: options.ToolsOption = None,
+        demo: options.DemoOption = False,
         wait: Annotated[
             float,
             typer.Option(min=0.0, max=60.0, help="Seconds a call waits for its outcome."),
@@ -252,13 +253,15 @@ def register_mcp_command(app: typer.Typer) -> None:
         from processors.runtime.sqlite_ledger import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
-        from toolledger.config import ConfigError, load_tools
+        from toolledger.config import ConfigError, ToolSource
         from toolledger.heap import releasing_free_memory
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")
             raise typer.Exit(2)
         try:
+            source = ToolSource(tools, demo, data / "helpdesk.db")
+            registry = source.load()
             token_store = TokenStore.load(tokens)
             context = stdio_context(token_store, token) if transport is Transport.STDIO else None
             security = options.security(
@@ -281,9 +284,10 @@ def register_mcp_command(app: typer.Typer) -> None:
                 claims=security.jwt_claims,
             )
             new_ledger = options.creates(data, create, embedded=kafka is None)
-            data.mkdir(parents=True, exist_ok=True)
-            registry = load_tools(tools, data / "helpdesk.db")
             asked = options.key_retention(registry, key_retention)
+            if kafka is None:  # written only once every check passed
+                data.mkdir(parents=True, exist_ok=True)
+                source.make_store()
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None

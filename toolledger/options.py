@@ -22,7 +22,25 @@ if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a comman
 
 JWT_PANEL = "JWT bearer tokens"
 DISTRIBUTED_PANEL = "Distributed mode (Kafka + PostgreSQL)"
-HELPDESK_PANEL = "Helpdesk toolset (the shipped demo tools; only with --tools helpdesk)"
+HELPDESK_PANEL = "The demo's helpdesk tools (only with --demo)"
+
+ToolsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tools",
+        help="The tools: module:attribute (imported from the working directory, e.g. "
+        "mytools:registry) or path/to/file.py:attribute, naming a Registry or a function "
+        "without arguments that returns one.",
+    ),
+]
+DemoOption = Annotated[
+    bool,
+    typer.Option(
+        "--demo",
+        help="The demo's helpdesk tools (toolledger.examples.helpdesk:registry) instead of "
+        "--tools; their side effects go to a SQLite file, helpdesk.db in --data.",
+    ),
+]
 
 
 class SectionedCommand(TyperCommand):

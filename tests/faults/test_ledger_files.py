@@ -43,7 +43,7 @@ def _serve(workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """``toolledger serve`` on the data directory; it must refuse and exit by itself."""
     tokens = write_tokens(workdir / "tokens.json")
     command = [sys.executable, "-m", "toolledger.cli", "serve", "--port", "1"]
-    command += ["--data", str(workdir / "data"), "--tokens", str(tokens), *extra]
+    command += ["--data", str(workdir / "data"), "--tokens", str(tokens), "--demo", *extra]
     return subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=dict(os.environ)
     )

@@ -59,13 +59,13 @@ import asyncio, json, sys
 from pathlib import Path
 from producers.http.auth import TokenStore
 from toolledger import logs, serve
-from toolledger.config import load_tools
+from toolledger.config import ToolSource
 
 o = json.loads(sys.argv[1])
 logs.configure("INFO")
 data = Path(o["data"])
 data.mkdir(parents=True, exist_ok=True)
-registry = load_tools("helpdesk", data / "helpdesk.db")
+registry = ToolSource(demo=True, helpdesk_db=data / "helpdesk.db").load()
 path = lambda name: Path(o[name]) if o.get(name) else None
 
 async def main():

@@ -87,7 +87,7 @@ def server_command(deploy: Deployment, *options: str) -> list[str]:
         sys.executable,
         *ENTRY,
         *options,
-        *("--data", str(deploy.data), "--tokens", str(deploy.tokens)),
+        *("--demo", "--data", str(deploy.data), "--tokens", str(deploy.tokens)),
     ]
 
 

@@ -106,7 +106,7 @@ def test_serve_refuses_an_audit_retention_that_is_not_a_duration(tmp_path: Path)
     from toolledger.cli import app
 
     tokens = write_tokens(tmp_path / "tokens.json")
-    args = ["serve", "--data", str(tmp_path / "d"), "--tokens", str(tokens), "--create"]
+    args = ["serve", "--data", str(tmp_path / "d"), "--tokens", str(tokens), "--create", "--demo"]
     answer = CliRunner().invoke(app, [*args, "--audit-retention", "soon"])
     assert answer.exit_code == 2, answer.output
     assert "not a duration" in answer.output

@@ -87,7 +87,7 @@ async def run_groups(data: Path) -> list[str]:
 
 def replay(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "toolledger.cli", "replay", "--data", str(data)],
+        [sys.executable, "-m", "toolledger.cli", "replay", "--data", str(data), "--demo"],
         cwd=ROOT,
         capture_output=True,
         text=True,
