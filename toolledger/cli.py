@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from processors.tools.registry import ToolRegistry
     from toolledger.http_server import ConnectionLimits
     from toolledger.serve import Security
+    from toolledger.settings import LedgerSettings
 
 # Plain help (click's layout): it wraps every option name and help text to the terminal,
 # 80 columns included, where rich's tables cut long option names with an ellipsis.
@@ -189,8 +190,8 @@ def executor(
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
     _require("kafka", what="toolledger executor")
-    from schemas.topics import Topics
     from toolledger.distributed import run_executor
+    from toolledger.settings import KAFKA, LedgerSettings
 
     try:
         source = ToolSource(tools, demo, helpdesk_db, timeout_s, flaky_timeout_s)
@@ -199,9 +200,19 @@ def executor(
             _helpdesk_only(ctx, "helpdesk_db", "timeout_s", "flaky_timeout_s")
         secret = redaction_secret(redaction_secret_file)
         registry = source.load()
-        asked = options.key_retention(registry, key_retention)
-        intents_ms = _retention_ms(
-            intents_retention, allow_forever=False, what="--intents-retention"
+        _retention_ms(intents_retention, allow_forever=False, what="--intents-retention")
+        settings = LedgerSettings.of(
+            backend=KAFKA,
+            kafka=kafka,
+            prefix=prefix,
+            partitions=partitions,
+            concurrency=concurrency,
+            session_timeout_ms=session_timeout_ms,
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            intents_retention=intents_retention,
+            key_retention=key_retention,
+            state_dir=state_dir,
+            cache_entries=cache_entries,
         )
         source.make_store()  # written once every check passed
     except ConfigError as exc:
@@ -210,22 +221,7 @@ def executor(
     _tracing()
     try:
         asyncio.run(
-            releasing_free_memory(
-                run_executor(
-                    kafka,
-                    Topics(prefix, partitions),
-                    registry,
-                    secret,
-                    concurrency=concurrency,
-                    session_timeout_ms=session_timeout_ms,
-                    ready_file=ready_file,
-                    approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-                    intents_retention_ms=intents_ms,
-                    state_dir=state_dir,
-                    cache_entries=cache_entries,
-                    key_retention=asked,
-                )
-            )
+            releasing_free_memory(run_executor(settings, registry, secret, ready_file=ready_file))
         )
     except ConfigError as exc:  # a key retention the deployment's record disagrees with
         console.print(f"[red]{exc}[/]")
@@ -265,6 +261,7 @@ def topics(
         str | None,
         typer.Option(
             "--key-retention",
+            envvar="TOOLLEDGER_KEY_RETENTION",
             help="Record the deployment's key retention, for tools whose manifest sets none "
             "(90s, 30m, 24h, 7d, PT24H, or 'forever'): every executor and front door applies "
             "and states it from their next start, and refuses a --key-retention of its own that "
@@ -357,7 +354,9 @@ def _optional_retention(text: str, what: str) -> timedelta | None:
     return None if ms < 0 else timedelta(milliseconds=ms)
 
 
-PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
+PostgresOption = Annotated[
+    str, typer.Option("--postgres", envvar="TOOLLEDGER_POSTGRES", help="PostgreSQL URL.")
+]
 
 
 @command()
@@ -425,6 +424,7 @@ def replay(
         str | None,
         typer.Option(
             "--tools",
+            envvar="TOOLLEDGER_TOOLS",
             help="The tools the call groups used: module:attribute (imported from the working "
             "directory) or path/to/file.py:attribute. Only their manifests are read.",
         ),
@@ -601,11 +601,23 @@ def export(
 
 
 ServePrefixOption = Annotated[
-    str, typer.Option("--prefix", help="Topic name prefix.", rich_help_panel=DISTRIBUTED_PANEL)
+    str,
+    typer.Option(
+        "--prefix",
+        envvar="TOOLLEDGER_PREFIX",
+        help="Topic name prefix.",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 ServePartitionsOption = Annotated[
     int,
-    typer.Option("--partitions", help="Partitions per topic.", rich_help_panel=DISTRIBUTED_PANEL),
+    typer.Option(
+        "--partitions",
+        envvar="TOOLLEDGER_PARTITIONS",
+        min=1,
+        help="Partitions per topic.",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 
 
@@ -613,10 +625,8 @@ ServePartitionsOption = Annotated[
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8080,
-    data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")] = Path(
-        ".toolledger"
-    ),
-    tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
+    data: options.DataOption = Path(".toolledger"),
+    tokens: options.TokensOption = Path("tokens.json"),
     tools: options.ToolsOption = None,
     demo: options.DemoOption = False,
     kafka: ServeKafkaOption = None,
@@ -701,21 +711,30 @@ def serve(
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.door_state import RunBudget
-    from schemas.topics import Topics
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
+    from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
     # nothing is written before every check passed: no --data left behind by a refusal
     source = ToolSource(tools, demo, data / "helpdesk.db")
     try:
         registry = source.load()
         token_store = TokenStore.load(tokens)
-        new_ledger = options.creates(data, create, embedded=kafka is None)
-        asked = options.key_retention(registry, key_retention)
-        retained = {
-            "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
-            "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
-        }
+        settings = LedgerSettings.of(
+            backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
+            path=data / "ledger.db",
+            create=options.creates(data, create, embedded=kafka is None),
+            kafka=kafka or DEFAULT_KAFKA,
+            postgres=postgres,
+            prefix=prefix,
+            partitions=partitions,
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            shutdown_timeout_s=shutdown_timeout_s,
+            cache_entries=cache_entries,
+            key_retention=key_retention,
+            intents_retention=intents_retention,
+            audit_retention=audit_retention,
+        )
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -760,20 +779,8 @@ def serve(
     )
     spec = _DoorSpec(
         tools=source,
-        key_retention=key_retention,
+        settings=settings,
         security=security,
-        door={
-            "data": data,
-            "kafka": kafka,
-            "postgres": postgres,
-            "topics": Topics(prefix, partitions),
-            "approval_request_ttl": timedelta(seconds=approval_request_ttl_s),
-            "create": new_ledger,
-            "shutdown_timeout_s": shutdown_timeout_s,
-            "cache_entries": cache_entries,
-            "key_retention": asked,
-            **retained,
-        },
         limits=ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s
         ),
@@ -802,16 +809,10 @@ class _DoorSpec:
     worker of ``serve --workers`` gets it and loads the tools again in its own process."""
 
     tools: ToolSource
-    key_retention: str | None
+    settings: LedgerSettings
     security: Security
-    door: dict[str, Any]  # open_door's keyword arguments
     limits: ConnectionLimits
     log_level: str
-
-    def registry(self) -> ToolRegistry:
-        registry = self.tools.load()
-        options.key_retention(registry, self.key_retention)
-        return registry
 
     async def serve(
         self,
@@ -828,7 +829,7 @@ class _DoorSpec:
         from toolledger import serve as wiring
         from toolledger.serving import bind, serve_socket
 
-        async with wiring.open_door(registry, self.security, **self.door) as front:
+        async with wiring.front_door(self.settings, registry, self.security) as front:
             if mcp:
                 await wiring.serve(front, host, port, self.limits, mcp_path="/mcp")
                 return
@@ -848,7 +849,7 @@ def _serve_worker(spec: _DoorSpec, sock: socket.socket) -> None:
     logs.configure(spec.log_level)
     _tracing()
     try:
-        serving.run(releasing_free_memory(spec.serve(spec.registry(), sock=sock)))
+        serving.run(releasing_free_memory(spec.serve(spec.tools.load(), sock=sock)))
     except (ConfigError, LedgerFileError) as exc:
         console.print(f"[red]{exc}[/]")
         raise SystemExit(2) from None

@@ -15,10 +15,9 @@ from processors.runtime.ledger_file import write_failure
 from processors.tools.registry import ToolRegistry
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
-DEFAULT_KAFKA = os.environ.get("TOOLLEDGER_KAFKA", "127.0.0.1:19092")
-DEFAULT_POSTGRES = os.environ.get(
-    "TOOLLEDGER_POSTGRES", "postgresql://postgres@127.0.0.1:15432/toolledger"
-)
+# the commands' --kafka and --postgres (else TOOLLEDGER_KAFKA and TOOLLEDGER_POSTGRES)
+DEFAULT_KAFKA = "127.0.0.1:19092"
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:15432/toolledger"
 SECRET_ENV = "TOOLLEDGER_REDACTION_SECRET"
 
 

@@ -25,13 +25,16 @@ from producers.client import TrustedContext
 from tests.faults.serve import EmbeddedServe
 from tests.http.servers import ROOT, free_port, write_tokens
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "alice")
 
 
 async def _ledger_with_calls(data: Path, calls: int = 20) -> None:
     registry = helpdesk_registry(HelpdeskStore(data / "helpdesk.db"))
-    async with EmbeddedLedger(data / "ledger.db", registry, create=True) as ledger:
+    async with EmbeddedLedger(
+        LedgerSettings(path=data / "ledger.db", create=True), registry
+    ) as ledger:
         for n in range(calls):
             done = await ledger.client.call(
                 "create_ticket", {"title": f"t{n}"}, idempotency_key=f"k{n}", context=AGENT

@@ -19,8 +19,8 @@ from processors.tools.retention import (
     parse_retention,
     seconds_of,
 )
-from toolledger import options
 from toolledger.config import ConfigError
+from toolledger.settings import LedgerSettings
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_a_manifest_retention_may_be_a_duration_text(
 
 def test_the_command_line_option_refuses_what_is_no_duration() -> None:
     with pytest.raises(ConfigError, match="not a duration"):
-        options.key_retention(ToolRegistry(), "a day")
+        LedgerSettings.of(key_retention="a day")
 
 
 @pytest.mark.parametrize("command", [["executor", "--demo"], ["topics"]], ids=lambda c: c[0])
