@@ -57,6 +57,7 @@ def test_topics_records_it_and_a_disagreeing_executor_or_serve_refuses_in_one_li
         app,
         [
             "executor",
+            "--demo",
             *common,
             "--helpdesk-db",
             str(tmp_path / "helpdesk.db"),
@@ -74,6 +75,7 @@ def test_topics_records_it_and_a_disagreeing_executor_or_serve_refuses_in_one_li
         [
             "serve",
             *common,
+            "--demo",
             "--postgres",
             dsn,
             "--data",
