@@ -62,7 +62,7 @@ serve: $(STAMP)
 	echo "  $(BIN)/toolledger switch off charge_card --reason 'incident 1'   (and: switch on ...)"; \
 	echo "  $(BIN)/toolledger calls search --key charge-1"
 	exec $(BIN)/toolledger serve --host $(SERVE_HOST) --port $(SERVE_PORT) \
-	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json
+	  --data $(DEV_DIR)/data --tokens $(DEV_DIR)/tokens.json --demo
 
 # The whole suite: starts a real Kafka broker and a real PostgreSQL, runs every test
 # (both backends of the contract suite), stops the services even when tests fail.

@@ -34,6 +34,7 @@ from bench import jobs_polling
 from bench.common import TOOL, Counter, make_registry, write_result
 from producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")
 STEPS = 10
@@ -68,7 +69,9 @@ async def _measure(rounds: int, one: Callable[[], Awaitable[None]]) -> dict[str,
 async def run(rounds: int) -> dict[str, Any]:
     counter = Counter()
     with tempfile.TemporaryDirectory() as tmp:
-        async with EmbeddedLedger(Path(tmp) / "ledger.db", make_registry(counter)) as ledger:
+        async with EmbeddedLedger(
+            LedgerSettings(path=Path(tmp) / "ledger.db"), make_registry(counter)
+        ) as ledger:
             groups = ledger.groups
             assert groups is not None
 

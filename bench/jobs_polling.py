@@ -57,6 +57,7 @@ from processors.tools.registry import ToolRegistry
 from producers.client import TrustedContext
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")
 JOB_TOOL = "bench_job"
@@ -217,7 +218,9 @@ async def run(jobs: int, window_s: float, *, profile: bool = False) -> dict[str,
     load = {"start": _load()}
 
     with tempfile.TemporaryDirectory(prefix="toolledger-jobs-") as tmp:
-        async with EmbeddedLedger(Path(tmp) / "ledger.db", registry, create=True) as ledger:
+        async with EmbeddedLedger(
+            LedgerSettings(path=Path(tmp) / "ledger.db", create=True), registry
+        ) as ledger:
             await asyncio.sleep(SETTLE_S)
             assert _running_jobs(ledger) == 0
             _, idle = await _measure(window_s)
@@ -225,7 +228,9 @@ async def run(jobs: int, window_s: float, *, profile: bool = False) -> dict[str,
 
     profiled: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="toolledger-jobs-") as tmp:
-        async with EmbeddedLedger(Path(tmp) / "ledger.db", registry, create=True) as ledger:
+        async with EmbeddedLedger(
+            LedgerSettings(path=Path(tmp) / "ledger.db", create=True), registry
+        ) as ledger:
             setup = await _start_jobs(ledger, jobs, polls)
             before = polls.count
             start, busy = await _measure(window_s)

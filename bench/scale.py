@@ -126,6 +126,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     nothing longer than that sets)."""
     from processors.tools.retention import FOREVER, parse_retention
     from toolledger.embedded import EmbeddedLedger
+    from toolledger.settings import LedgerSettings
 
     counter = Counter()
     registry = make_registry(counter)
@@ -138,7 +139,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     prefix = uuid.uuid4().hex[:8]
     retentions: dict[str, Any] = {} if short is None else {"intents_retention": short}
     async with (
-        EmbeddedLedger(path, registry, create=True, **retentions) as ledger,
+        EmbeddedLedger(LedgerSettings(path=path, create=True, **retentions), registry) as ledger,
         _audit_rounds(ledger.file, short),
     ):
         for first in range(0, calls, step):
@@ -159,7 +160,7 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
         raise RuntimeError(f"{counter.invocations} executions for {calls} calls")
     before_reopen = rss_mb()
     started = time.perf_counter()
-    async with EmbeddedLedger(path, registry) as ledger:
+    async with EmbeddedLedger(LedgerSettings(path=path), registry) as ledger:
         last = f"{prefix}-{calls - 1}"
         replay = await ledger.client.call(
             TOOL, {"text": text(calls - 1)}, idempotency_key=last, context=CONTEXT

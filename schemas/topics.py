@@ -23,8 +23,10 @@ class Position:
 @dataclass(frozen=True, slots=True)
 class Topics:
     """``intents``, ``outcomes``, ``state`` (compacted) and ``dead-letters``, co-partitioned:
-    the same call key maps to the same partition number in each of them; and ``groups``, the
-    call groups' events, partitioned by group id (Kafka + PostgreSQL backend)."""
+    the same call key maps to the same partition number in each of them; ``groups``, the
+    call groups' events, partitioned by group id (Kafka + PostgreSQL backend); and
+    ``settings``, one partition: the settings every process of the deployment shares (the
+    key retention)."""
 
     prefix: str = "toolledger."
     partitions: int = 4
@@ -48,6 +50,10 @@ class Topics:
     @property
     def groups(self) -> str:
         return f"{self.prefix}groups"
+
+    @property
+    def settings(self) -> str:
+        return f"{self.prefix}settings"
 
     @property
     def executor_group(self) -> str:

@@ -25,7 +25,7 @@ from toolledger.config import (
     DEFAULT_KAFKA,
     DEFAULT_POSTGRES,
     ConfigError,
-    load_tools,
+    ToolSource,
     redaction_secret,
 )
 from toolledger.heap import releasing_free_memory
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from processors.tools.registry import ToolRegistry
     from toolledger.http_server import ConnectionLimits
     from toolledger.serve import Security
+    from toolledger.settings import LedgerSettings
 
 # Plain help (click's layout): it wraps every option name and help text to the terminal,
 # 80 columns included, where rich's tables cut long option names with an ellipsis.
@@ -140,7 +141,15 @@ def executor(
     kafka: KafkaOption = DEFAULT_KAFKA,
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
-    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    tools: options.ToolsOption = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="The demo's helpdesk tools (toolledger.examples.helpdesk:registry) instead of "
+            "--tools; their options below.",
+        ),
+    ] = False,
     helpdesk_db: Annotated[
         Path,
         typer.Option(
@@ -167,7 +176,7 @@ def executor(
     ] = None,
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     intents_retention: options.TopicIntentsRetentionOption = "7d",
-    key_retention: options.KeyRetentionOption = "24h",
+    key_retention: options.KeyRetentionOption = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -181,41 +190,42 @@ def executor(
 ) -> None:
     """Run the executor on Kafka (until SIGTERM)."""
     _require("kafka", what="toolledger executor")
-    from schemas.topics import Topics
     from toolledger.distributed import run_executor
+    from toolledger.settings import KAFKA, LedgerSettings
 
     try:
-        if tools != "helpdesk":
+        source = ToolSource(tools, demo, helpdesk_db, timeout_s, flaky_timeout_s)
+        source.check()
+        if not demo:
             _helpdesk_only(ctx, "helpdesk_db", "timeout_s", "flaky_timeout_s")
         secret = redaction_secret(redaction_secret_file)
-        registry = load_tools(
-            tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
+        registry = source.load()
+        _retention_ms(intents_retention, allow_forever=False, what="--intents-retention")
+        settings = LedgerSettings.of(
+            backend=KAFKA,
+            kafka=kafka,
+            prefix=prefix,
+            partitions=partitions,
+            concurrency=concurrency,
+            session_timeout_ms=session_timeout_ms,
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            intents_retention=intents_retention,
+            key_retention=key_retention,
+            state_dir=state_dir,
+            cache_entries=cache_entries,
         )
-        options.key_retention(registry, key_retention)
-        intents_ms = _retention_ms(
-            intents_retention, allow_forever=False, what="--intents-retention"
-        )
+        source.make_store()  # written once every check passed
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     _tracing()
-    asyncio.run(
-        releasing_free_memory(
-            run_executor(
-                kafka,
-                Topics(prefix, partitions),
-                registry,
-                secret,
-                concurrency=concurrency,
-                session_timeout_ms=session_timeout_ms,
-                ready_file=ready_file,
-                approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
-                intents_retention_ms=intents_ms,
-                state_dir=state_dir,
-                cache_entries=cache_entries,
-            )
+    try:
+        asyncio.run(
+            releasing_free_memory(run_executor(settings, registry, secret, ready_file=ready_file))
         )
-    )
+    except ConfigError as exc:  # a key retention the deployment's record disagrees with
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
 
 
 def _helpdesk_only(ctx: typer.Context, *names: str) -> None:
@@ -224,8 +234,8 @@ def _helpdesk_only(ctx: typer.Context, *names: str) -> None:
         source = ctx.get_parameter_source(param.name) if param.name in names else None
         if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             raise ConfigError(
-                f"{param.opts[0]} is an option of the helpdesk toolset (--tools helpdesk), "
-                f"not of {ctx.params['tools']}"
+                f"{param.opts[0]} is an option of the demo's helpdesk tools (--demo), not of "
+                f"--tools {ctx.params['tools']}"
             )
 
 
@@ -247,17 +257,36 @@ def topics(
             "theirs.",
         ),
     ] = 1,
+    key_retention: Annotated[
+        str | None,
+        typer.Option(
+            "--key-retention",
+            envvar="TOOLLEDGER_KEY_RETENTION",
+            help="Record the deployment's key retention, for tools whose manifest sets none "
+            "(90s, 30m, 24h, 7d, PT24H, or 'forever'): every executor and front door applies "
+            "and states it from their next start, and refuses a --key-retention of its own that "
+            "disagrees. Without it, the one recorded stays (or the first process to start "
+            "records its own).",
+        ),
+    ] = None,
 ) -> None:
     """Create the Kafka topics if missing and set each one's config: intents with time
     retention, outcomes as told, state compacted (expired keys' tombstones shrink it), groups
-    with the intents' retention (a group's events carry its steps' literal arguments)."""
+    with the intents' retention (a group's events carry its steps' literal arguments), and the
+    settings topic, which records the deployment's key retention."""
     _require("kafka", what="toolledger topics")
+    from processors.tools.retention import RetentionError, describe, parse_retention
     from schemas.topics import Topics
     from toolledger.kafka_admin import (
         TopicError,
         apply_topic_configs,
         ensure_topics,
         topic_configs,
+    )
+    from toolledger.kafka_settings import (
+        RecordedRetention,
+        recorded_key_retention,
+        set_key_retention,
     )
 
     try:
@@ -267,27 +296,41 @@ def topics(
         outcomes_ms = _retention_ms(
             outcomes_retention, allow_forever=True, what="--outcomes-retention"
         )
-    except ConfigError as exc:
+        keys = None if key_retention is None else parse_retention(key_retention)
+    except (ConfigError, RetentionError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     layout = Topics(prefix, partitions)
 
-    async def run() -> dict[str, dict[str, str]]:
+    async def run() -> tuple[dict[str, dict[str, str]], RecordedRetention | None]:
         await ensure_topics(
             kafka, layout, replication_factor=replication_factor, intents_retention_ms=intents_ms
         )
         configs = topic_configs(
             layout, intents_retention_ms=intents_ms, outcomes_retention_ms=outcomes_ms
         )
-        return await apply_topic_configs(kafka, configs)
+        applied = await apply_topic_configs(kafka, configs)
+        if keys is not None:
+            return applied, await set_key_retention(kafka, layout, keys)
+        return applied, await recorded_key_retention(kafka, layout)
 
     try:
-        applied = asyncio.run(run())
-    except TopicError as exc:
+        applied, recorded = asyncio.run(run())
+    except (TopicError, ConfigError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     for name, config in applied.items():
         console.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
+    if recorded is None:
+        console.print(
+            f"{layout.settings}: no key retention recorded yet (the first executor or front door "
+            "to start records its own: its --key-retention, else 24h)"
+        )
+    else:
+        console.print(
+            f"{layout.settings}: key_retention={describe(recorded.key_retention)} "
+            f"(recorded by {recorded.set_by}; running processes take a change when they restart)"
+        )
 
 
 def _retention_ms(text: str, *, allow_forever: bool, what: str) -> int:
@@ -311,7 +354,9 @@ def _optional_retention(text: str, what: str) -> timedelta | None:
     return None if ms < 0 else timedelta(milliseconds=ms)
 
 
-PostgresOption = Annotated[str, typer.Option("--postgres", help="PostgreSQL URL.")]
+PostgresOption = Annotated[
+    str, typer.Option("--postgres", envvar="TOOLLEDGER_POSTGRES", help="PostgreSQL URL.")
+]
 
 
 @command()
@@ -376,8 +421,20 @@ def replay(
     prefix: PrefixOption = "toolledger.",
     partitions: PartitionsOption = 4,
     tools: Annotated[
-        str, typer.Option(help="'helpdesk' or module:registry: the tools the call groups used.")
-    ] = "helpdesk",
+        str | None,
+        typer.Option(
+            "--tools",
+            envvar="TOOLLEDGER_TOOLS",
+            help="The tools the call groups used: module:attribute (imported from the working "
+            "directory) or path/to/file.py:attribute. Only their manifests are read.",
+        ),
+    ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo", help="The call groups used the demo's helpdesk tools (instead of --tools)."
+        ),
+    ] = False,
 ) -> None:
     """Drop the projections and rebuild them from the outcome log, and the call groups' read
     model from the group log.
@@ -389,12 +446,11 @@ def replay(
     from projections.groups import GroupRebuild
 
     rebuilt: GroupRebuild
-    with tempfile.TemporaryDirectory() as scratch:
-        try:  # only the tools' facts are read (keys, compensations): no store of their own
-            registry = load_tools(tools, (data or Path(scratch)) / "helpdesk.db")
-        except ConfigError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from None
+    try:  # only the tools' facts are read (keys, compensations): the demo's store is not made
+        registry = ToolSource(tools, demo).load()
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
     facts = step_tools(registry)
     if data is not None:
         from projections.dialect import SQLITE
@@ -545,11 +601,23 @@ def export(
 
 
 ServePrefixOption = Annotated[
-    str, typer.Option("--prefix", help="Topic name prefix.", rich_help_panel=DISTRIBUTED_PANEL)
+    str,
+    typer.Option(
+        "--prefix",
+        envvar="TOOLLEDGER_PREFIX",
+        help="Topic name prefix.",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 ServePartitionsOption = Annotated[
     int,
-    typer.Option("--partitions", help="Partitions per topic.", rich_help_panel=DISTRIBUTED_PANEL),
+    typer.Option(
+        "--partitions",
+        envvar="TOOLLEDGER_PARTITIONS",
+        min=1,
+        help="Partitions per topic.",
+        rich_help_panel=DISTRIBUTED_PANEL,
+    ),
 ]
 
 
@@ -557,11 +625,10 @@ ServePartitionsOption = Annotated[
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8080,
-    data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")] = Path(
-        ".toolledger"
-    ),
-    tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
-    tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+    data: options.DataOption = Path(".toolledger"),
+    tokens: options.TokensOption = Path("tokens.json"),
+    tools: options.ToolsOption = None,
+    demo: options.DemoOption = False,
     kafka: ServeKafkaOption = None,
     postgres: ServePostgresOption = None,
     prefix: ServePrefixOption = "toolledger.",
@@ -593,7 +660,7 @@ def serve(
         ),
     ] = 3,
     create: CreateOption = False,
-    key_retention: options.KeyRetentionOption = "24h",
+    key_retention: options.KeyRetentionOption = None,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -644,20 +711,30 @@ def serve(
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
     from producers.http.auth import TokenFileError, TokenStore
     from producers.http.door_state import RunBudget
-    from schemas.topics import Topics
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
+    from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
+    # nothing is written before every check passed: no --data left behind by a refusal
+    source = ToolSource(tools, demo, data / "helpdesk.db")
     try:
+        registry = source.load()
         token_store = TokenStore.load(tokens)
-        new_ledger = options.creates(data, create, embedded=kafka is None)
-        data.mkdir(parents=True, exist_ok=True)
-        registry = load_tools(tools, data / "helpdesk.db")
-        options.key_retention(registry, key_retention)
-        retained = {
-            "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
-            "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
-        }
+        settings = LedgerSettings.of(
+            backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
+            path=data / "ledger.db",
+            create=options.creates(data, create, embedded=kafka is None),
+            kafka=kafka or DEFAULT_KAFKA,
+            postgres=postgres,
+            prefix=prefix,
+            partitions=partitions,
+            approval_request_ttl=timedelta(seconds=approval_request_ttl_s),
+            shutdown_timeout_s=shutdown_timeout_s,
+            cache_entries=cache_entries,
+            key_retention=key_retention,
+            intents_retention=intents_retention,
+            audit_retention=audit_retention,
+        )
     except (TokenFileError, ConfigError, OSError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -679,6 +756,13 @@ def serve(
             "[red]--mcp serves from one process (MCP sessions live in it): use --workers 1[/]"
         )
         raise typer.Exit(2)
+    if kafka is None:  # the embedded ledger's directory; the demo's store beside the ledger
+        try:
+            data.mkdir(parents=True, exist_ok=True)
+            source.make_store()
+        except (ConfigError, OSError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
 
     security = options.security(
         token_store,
@@ -694,21 +778,9 @@ def serve(
         run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
     )
     spec = _DoorSpec(
-        tools=tools,
-        data=data,
-        key_retention=key_retention,
+        tools=source,
+        settings=settings,
         security=security,
-        door={
-            "data": data,
-            "kafka": kafka,
-            "postgres": postgres,
-            "topics": Topics(prefix, partitions),
-            "approval_request_ttl": timedelta(seconds=approval_request_ttl_s),
-            "create": new_ledger,
-            "shutdown_timeout_s": shutdown_timeout_s,
-            "cache_entries": cache_entries,
-            **retained,
-        },
         limits=ConnectionLimits(
             max_connections, header_timeout_s, body_timeout_s, 5, shutdown_timeout_s
         ),
@@ -736,18 +808,11 @@ class _DoorSpec:
     """What a ``serve`` process needs to open its front door and serve, picklable: each
     worker of ``serve --workers`` gets it and loads the tools again in its own process."""
 
-    tools: str
-    data: Path
-    key_retention: str
+    tools: ToolSource
+    settings: LedgerSettings
     security: Security
-    door: dict[str, Any]  # open_door's keyword arguments
     limits: ConnectionLimits
     log_level: str
-
-    def registry(self) -> ToolRegistry:
-        registry = load_tools(self.tools, self.data / "helpdesk.db")
-        options.key_retention(registry, self.key_retention)
-        return registry
 
     async def serve(
         self,
@@ -764,7 +829,7 @@ class _DoorSpec:
         from toolledger import serve as wiring
         from toolledger.serving import bind, serve_socket
 
-        async with wiring.open_door(registry, self.security, **self.door) as front:
+        async with wiring.front_door(self.settings, registry, self.security) as front:
             if mcp:
                 await wiring.serve(front, host, port, self.limits, mcp_path="/mcp")
                 return
@@ -784,7 +849,7 @@ def _serve_worker(spec: _DoorSpec, sock: socket.socket) -> None:
     logs.configure(spec.log_level)
     _tracing()
     try:
-        serving.run(releasing_free_memory(spec.serve(spec.registry(), sock=sock)))
+        serving.run(releasing_free_memory(spec.serve(spec.tools.load(), sock=sock)))
     except (ConfigError, LedgerFileError) as exc:
         console.print(f"[red]{exc}[/]")
         raise SystemExit(2) from None

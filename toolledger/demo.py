@@ -21,6 +21,7 @@ from producers.keys import derive_idempotency_key
 from schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "support-agent-7")
 OPERATOR = "ops-lead-olga"
@@ -315,9 +316,8 @@ async def run_demo(workdir: Path, console: Console) -> Checks:
     store = HelpdeskStore(workdir / "downstream.db")
     registry = helpdesk_registry(store, flaky_timeout_s=1.0, retry=RetryPolicy(backoff_base_s=0.05))
     checks = Checks()
-    async with EmbeddedLedger(
-        workdir / "ledger.db", registry, sweep_interval_s=0.2, create=True
-    ) as ledger:
+    settings = LedgerSettings(path=workdir / "ledger.db", sweep_interval_s=0.2, create=True)
+    async with EmbeddedLedger(settings, registry) as ledger:
         for number, scene in enumerate(SCENES, 1):
             with console.status(f"[bold]scene {number}/{len(SCENES)}[/]: {scene.title}"):
                 await scene.run(ledger.client, checks, scene.key)

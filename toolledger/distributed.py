@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, Stages
+from processors.pipeline import Stages
 from processors.runtime.kafka import KafkaExecutor
 from processors.tools.redaction import Redactor
 from processors.tools.registry import ToolRegistry
 from schemas.topics import Topics
 from toolledger.audit import audit_retention as audit_retention_of
 from toolledger.kafka_admin import ensure_topics
+from toolledger.kafka_settings import agreed_key_retention
+from toolledger.settings import LedgerSettings
 
 if TYPE_CHECKING:
     from processors.groups.facts import StepTool
@@ -130,28 +131,39 @@ async def projector_ready(projector: KafkaProjector) -> str:
 
 
 async def run_executor(
-    bootstrap: str,
-    topics: Topics,
-    registry: ToolRegistry,
-    secret: bytes,
-    *,
-    concurrency: int,
-    session_timeout_ms: int,
-    ready_file: str | None,
-    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
-    intents_retention_ms: int | None = None,
-    state_dir: Path | None = None,
-    cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    settings: LedgerSettings, registry: ToolRegistry, secret: bytes, *, ready_file: str | None
 ) -> None:
-    await ensure_topics(bootstrap, topics, intents_retention_ms=intents_retention_ms)
+    """Run an executor on the Kafka cluster of ``settings`` until SIGTERM. The deployment's
+    recorded key retention is applied to ``registry``, and a ``settings.key_retention`` that
+    disagrees refused (:class:`~toolledger.config.ConfigError`,
+    :mod:`toolledger.kafka_settings`)."""
+    bootstrap, topics, retention = settings.kafka, settings.topics, settings.intents_retention
+    assert retention is not None, "intents need a time retention: they hold raw arguments"
+    await ensure_topics(
+        bootstrap, topics, intents_retention_ms=int(retention.total_seconds() * 1000)
+    )
+    registry.set_default_key_retention(
+        await agreed_key_retention(
+            bootstrap,
+            topics,
+            settings.key_retention,
+            registry.default_key_retention,
+            who="executor",
+        )
+    )
     executor = KafkaExecutor(
         bootstrap,
         topics,
-        Stages(registry, Redactor(secret), approval_request_ttl=approval_request_ttl),
-        concurrency=concurrency,
-        session_timeout_ms=session_timeout_ms,
-        state_dir=state_dir,
-        cache_entries=cache_entries,
+        Stages(
+            registry,
+            Redactor(secret),
+            approval_request_ttl=settings.approval_request_ttl,
+            max_argument_bytes=settings.max_argument_bytes,
+        ),
+        concurrency=settings.concurrency,
+        session_timeout_ms=settings.session_timeout_ms,
+        state_dir=settings.state_dir,
+        cache_entries=settings.cache_entries,
     )
     with starting() as quiet:
         await executor.start()

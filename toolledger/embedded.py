@@ -6,19 +6,11 @@ import asyncio
 import logging
 import random
 import time
-from datetime import timedelta
-from pathlib import Path
 from types import TracebackType
 
-from processors.executor import DEFAULT_CONCURRENCY
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import (
-    DEFAULT_APPROVAL_REQUEST_TTL,
-    DEFAULT_MAX_ARGUMENT_BYTES,
-    Stages,
-)
+from processors.pipeline import Stages
 from processors.ports import Clock
-from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S, EmbeddedRuntime
+from processors.runtime.embedded import EmbeddedRuntime
 from processors.runtime.group_runner import GroupRunner
 from processors.runtime.sqlite_ledger import SqliteLedger
 from processors.tools.redaction import Redactor
@@ -28,6 +20,7 @@ from producers.outcomes import OutcomeHub
 from projections.sqlite import SqliteCalls, SqliteReadModel
 from schemas.events import Event
 from toolledger.groups import embedded_groups
+from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.embedded")
 
@@ -35,82 +28,66 @@ PROBE_INTERVAL_S = 1.0
 
 
 class EmbeddedLedger:
-    """``async with EmbeddedLedger(path, registry) as ledger: await ledger.client.call(...)``."""
+    """``async with EmbeddedLedger(LedgerSettings(path=...), registry) as ledger:
+    await ledger.client.call(...)``: the ledger file ``settings.path`` and its executor in this
+    process (``clock`` and ``rng``: the executor's, for tests)."""
 
     def __init__(
         self,
-        path: Path,
+        settings: LedgerSettings,
         registry: ToolRegistry,
         *,
-        partitions: int = 4,
-        concurrency: int = DEFAULT_CONCURRENCY,
         clock: Clock | None = None,
         rng: random.Random | None = None,
-        synchronous: str = "FULL",
-        sweep_interval_s: float = 1.0,
-        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-        default_wait_s: float = 10.0,
-        approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
-        create: bool | None = None,
-        shutdown_timeout_s: float = 30.0,
-        cache_entries: int = DEFAULT_CACHE_ENTRIES,
-        intents_retention: timedelta | None = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S),
     ) -> None:
-        """``create``: make the ledger if it does not exist (True), never (False), or only in a
-        new, empty directory (None); see :class:`SqliteLedger`. ``cache_entries``: call keys
-        held in memory (the others are read from the file when used). ``intents_retention``:
-        how long the raw arguments of approval requests (their only copy) are kept; None:
-        forever."""
-        self.path = Path(path)
-        self._cache_entries = cache_entries
-        self._intents_retention_s = _seconds(intents_retention)
-        self._create = create
-        self.shutdown_timeout_s = shutdown_timeout_s
+        self.settings = settings
+        self.path = settings.path
+        self.shutdown_timeout_s = settings.shutdown_timeout_s
         self._probed_at = float("-inf")
         self._writable = True
         self.registry = registry
+        if settings.key_retention is not None:
+            registry.set_default_key_retention(settings.key_retention)
         self.outcomes = OutcomeHub()
-        self._partitions = partitions
-        self._concurrency = concurrency
         self._clock = clock
         self._rng = rng
-        self._synchronous = synchronous
-        self._sweep_interval_s = sweep_interval_s
-        self._max_argument_bytes = max_argument_bytes
-        self._approval_request_ttl = approval_request_ttl
         self.client = LedgerClient(
-            self, default_wait_s=default_wait_s, max_argument_bytes=max_argument_bytes
+            self,
+            default_wait_s=settings.default_wait_s,
+            max_argument_bytes=settings.max_argument_bytes,
         )
         self.file: SqliteLedger | None = None
         self.runtime: EmbeddedRuntime | None = None
         self.groups: GroupRunner | None = None
 
     async def start(self) -> EmbeddedLedger:
+        settings = self.settings
         self.file = SqliteLedger(
             self.path,
             read_model=SqliteReadModel(),
-            partitions=self._partitions,
-            synchronous=self._synchronous,
-            create=self._create,
+            partitions=settings.partitions,
+            synchronous=settings.synchronous,
+            create=settings.create,
         )
         stages = Stages(
             self.registry,
             Redactor(bytes.fromhex(self.file.meta("redaction_secret"))),
             clock=self._clock,
             rng=self._rng,
-            max_argument_bytes=self._max_argument_bytes,
-            approval_request_ttl=self._approval_request_ttl,
+            max_argument_bytes=settings.max_argument_bytes,
+            approval_request_ttl=settings.approval_request_ttl,
         )
+        retention = settings.intents_retention
         self.runtime = EmbeddedRuntime(
             self.file,
             stages,
             clock=self._clock,
-            concurrency=self._concurrency,
+            concurrency=settings.concurrency,
             on_committed=self.outcomes.publish,
             on_abandoned=self.outcomes.fail,
-            sweep_interval_s=self._sweep_interval_s,
-            cache_entries=self._cache_entries,
-            intents_retention_s=self._intents_retention_s,
+            sweep_interval_s=settings.sweep_interval_s,
+            cache_entries=settings.cache_entries,
+            intents_retention_s=None if retention is None else retention.total_seconds(),
         )
         try:
             await self.runtime.start()
@@ -185,7 +162,3 @@ class EmbeddedLedger:
         tb: TracebackType | None,
     ) -> None:
         await self.close(grace_s=self.shutdown_timeout_s if exc is None else 0.0)
-
-
-def _seconds(retention: timedelta | None) -> float | None:
-    return None if retention is None else retention.total_seconds()

@@ -9,6 +9,8 @@ and sets the configs each topic's role needs (:func:`apply_topic_configs`):
   intent's raw arguments included (schemas.dead_letters).
 * groups: the call groups' events (projections.group_relay). A submission carries its steps'
   literal arguments, so this topic has the intents' retention.
+* settings: one partition, kept forever: the settings every process of the deployment shares
+  (toolledger.kafka_settings).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def topic_configs(
             "retention.ms": str(intents_retention_ms),
         },
         topics.groups: {"cleanup.policy": "delete", "retention.ms": str(intents_retention_ms)},
+        topics.settings: {"cleanup.policy": "delete", "retention.ms": str(FOREVER_MS)},
     }
 
 
@@ -114,7 +117,12 @@ async def ensure_topics(
             topics, intents_retention_ms=intents_retention_ms or DEFAULT_INTENTS_RETENTION_MS
         )
         wanted = [
-            NewTopic(name, topics.partitions, replication_factor, topic_configs=config)
+            NewTopic(
+                name,
+                1 if name == topics.settings else topics.partitions,
+                replication_factor,
+                topic_configs=config,
+            )
             for name, config in configs.items()
         ]
         existing = set(await admin.list_topics())
@@ -128,7 +136,11 @@ async def ensure_topics(
         for _ in range(100):  # wait until every partition has a leader
             described = await admin.describe_topics([t.name for t in wanted])
             counts = {t["topic"]: len(t["partitions"]) for t in described}
-            wrong = {n: c for n, c in counts.items() if c not in (0, topics.partitions)}
+            wrong = {
+                n: c
+                for n, c in counts.items()
+                if c not in (0, 1 if n == topics.settings else topics.partitions)
+            }
             if wrong:
                 raise TopicError(
                     f"topics {wrong} do not have {topics.partitions} partitions: intents, "

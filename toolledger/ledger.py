@@ -16,15 +16,18 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from processors.runtime.group_runner import GroupRunner
 from processors.tools.registry import ToolRegistry
 from producers.approvals import Approvals, Decision, PendingApproval, approvals_for
-from producers.client import DEFAULT_WAIT_S, CallResult, LedgerClient, TrustedContext
+from producers.client import DEFAULT_WAIT_S, CallResult, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
 from schemas.groups import GroupAnswer
-from schemas.topics import Topics
+
+if TYPE_CHECKING:  # `import toolledger` stays light: a backend loads when a ledger is built
+    from toolledger.backends import BackendParts
+    from toolledger.settings import LedgerSettings
 
 _NO_KAFKA_GROUPS = (
     "call groups on Kafka keep their log in PostgreSQL and need the tools: build the ledger "
@@ -55,7 +58,12 @@ class _Backend(Protocol):
 
     async def open(self) -> _Caller: ...
 
-    async def close(self, failed: bool) -> None: ...
+    async def close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
     async def tools(self) -> list[RemoteTool]: ...
 
@@ -68,119 +76,54 @@ class _Backend(Protocol):
     ) -> GroupAnswer: ...
 
 
-class _Embedded:
+class _Local:
+    """A backend in this process, opened through its factory (embedded, or Kafka)."""
+
     authenticated = False
-    runs_groups = True
 
-    def __init__(self, path: Path, registry: ToolRegistry, options: dict[str, Any]) -> None:
-        from toolledger.embedded import EmbeddedLedger
+    def __init__(self, settings: LedgerSettings, registry: ToolRegistry | None) -> None:
+        from toolledger.backends import backend_factory
 
-        registry.check()
-        options.setdefault("create", True)
+        if registry is not None:
+            registry.check()
+        self.factory = backend_factory(settings)
         self.registry = registry
-        self.ledger = EmbeddedLedger(path, registry, **options)
+        self.parts: BackendParts | None = None
+        self._opened: contextlib.AbstractAsyncContextManager[BackendParts] | None = None
 
-    async def open(self) -> _Caller:
-        await self.ledger.start()
-        return self.ledger.client
+    @property
+    def runs_groups(self) -> bool:
+        if self.parts is not None:
+            return self.parts.groups is not None and self.registry is not None
+        from toolledger.settings import KAFKA
 
-    async def close(self, failed: bool) -> None:
-        await self.ledger.close(grace_s=0.0 if failed else self.ledger.shutdown_timeout_s)
-
-    async def tools(self) -> list[RemoteTool]:
-        return _registry_tools(self.registry)
-
-    async def run_group(
-        self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
-    ) -> GroupAnswer:
-        assert who is not None and self.ledger.groups is not None
-        return await self.ledger.groups.submit(
-            tenant_id=who.tenant_id,
-            principal=who.principal,
-            scopes=sorted(who.scopes),
-            group_key=key,
-            body=body,
-            wait_s=wait_s,
+        settings = self.factory.settings
+        return self.registry is not None and (
+            settings.backend != KAFKA or settings.postgres is not None
         )
 
-    async def resume_group(
-        self, group_id: str, tokens: dict[str, str], who: TrustedContext | None, wait_s: float
-    ) -> GroupAnswer:
-        assert who is not None and self.ledger.groups is not None
-        return await self.ledger.groups.resume(who.tenant_id, group_id, tokens, wait_s)
+    async def open(self) -> _Caller:
+        self._opened = self.factory.open(self.registry)
+        self.parts = await self._opened.__aenter__()
+        return self.parts.client
 
-
-class _Kafka:
-    authenticated = False
-
-    def __init__(
+    async def close(
         self,
-        bootstrap: str,
-        topics: Topics,
-        registry: ToolRegistry | None,
-        wait_s: float,
-        postgres: str | None,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
-        try:
-            from producers.kafka import KafkaTransport
-        except ModuleNotFoundError as exc:  # depends on the install
-            raise ModuleNotFoundError(
-                f"Ledger.kafka needs the kafka extra: pip install 'toolledger[kafka]' ({exc})"
-            ) from exc
-        self.transport = KafkaTransport(bootstrap, topics)
-        self.registry = registry
-        self.wait_s = wait_s
-        self.postgres = postgres
-        self.groups: GroupRunner | None = None
-        self._stack = contextlib.AsyncExitStack()
-
-    async def open(self) -> _Caller:
-        await self.transport.start()
-        client = LedgerClient(self.transport, default_wait_s=self.wait_s)
-        if self.postgres is not None and self.registry is not None:
-            self.groups = await self._open_groups(client, self.postgres, self.registry)
-        return client
-
-    async def _open_groups(
-        self, client: LedgerClient, dsn: str, registry: ToolRegistry
-    ) -> GroupRunner:
-        """The group orchestrator as ``toolledger serve`` runs it on this backend
-        (:func:`toolledger.groups.postgres_groups`)."""
-        from projections.postgres import PostgresProjection, migrate
-        from toolledger.groups import postgres_groups
-        from toolledger.kafka_admin import ensure_topics
-
-        await migrate(dsn)
-        await ensure_topics(self.transport.bootstrap, self.transport.topics)  # the groups topic
-        projection = await self._stack.enter_async_context(PostgresProjection(dsn))
-        groups = await postgres_groups(
-            self._stack,
-            projection,
-            dsn,
-            self.transport.bootstrap,
-            self.transport.topics,
-            client,
-            lambda: registry,
-        )
-        return groups
-
-    async def close(self, failed: bool) -> None:
-        try:
-            await self._stack.aclose()
-        finally:
-            await self.transport.stop()
+        opened, self._opened, self.parts = self._opened, None, None
+        if opened is not None:  # a failed block closes at once, a clean one drains first
+            await opened.__aexit__(exc_type, exc, tb)
 
     async def tools(self) -> list[RemoteTool]:
         return _registry_tools(self.registry) if self.registry is not None else []
 
-    @property
-    def runs_groups(self) -> bool:
-        return self.postgres is not None and self.registry is not None
-
     def _runner(self) -> GroupRunner:
-        if self.groups is None:
+        if self.parts is None or self.parts.groups is None or self.registry is None:
             raise RuntimeError(_NO_KAFKA_GROUPS)
-        return self.groups
+        return self.parts.groups
 
     async def run_group(
         self, body: dict[str, Any], key: str, who: TrustedContext | None, wait_s: float
@@ -212,7 +155,12 @@ class _Http:
     async def open(self) -> _Caller:
         return self.client
 
-    async def close(self, failed: bool) -> None:
+    async def close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.client.close()
 
     async def tools(self) -> list[RemoteTool]:
@@ -251,12 +199,16 @@ class Ledger:
         registry: ToolRegistry,
         *,
         context: TrustedContext | None = None,
-        **options: Any,
+        **settings: Any,
     ) -> Ledger:
         """The ledger in this process, on the SQLite file ``path`` (made if it does not exist).
-        ``context``: who calls when :meth:`call` is given none; ``options`` are those of
-        :class:`toolledger.embedded.EmbeddedLedger` (partitions, cache_entries, ...)."""
-        return cls(_Embedded(Path(path), registry, options), context)
+        ``context``: who calls when :meth:`call` is given none; ``settings``: the other fields
+        of :class:`toolledger.settings.LedgerSettings` (partitions, cache_entries,
+        key_retention, ...)."""
+        from toolledger.settings import EMBEDDED, LedgerSettings
+
+        given = {"create": True, **settings, "backend": EMBEDDED, "path": Path(path)}
+        return cls(_Local(LedgerSettings.of(**given), registry), context)
 
     @classmethod
     def kafka(
@@ -269,14 +221,27 @@ class Ledger:
         context: TrustedContext | None = None,
         default_wait_s: float = 10.0,
         postgres: str | None = None,
+        **settings: Any,
     ) -> Ledger:
         """Intents appended to the Kafka cluster at ``bootstrap`` (topics ``<prefix>intents``
         and so on, made by ``toolledger topics``), executed by ``toolledger executor``
         processes. ``registry`` lists the tools (the executors hold theirs) and, with
         ``postgres`` (the projection's DSN), lets :meth:`run_group` run call groups here, their
-        log in PostgreSQL as ``toolledger serve`` keeps it."""
-        topics = Topics(prefix, partitions)
-        return cls(_Kafka(bootstrap, topics, registry, default_wait_s, postgres), context)
+        log in PostgreSQL as ``toolledger serve`` keeps it. ``settings``: the other fields of
+        :class:`toolledger.settings.LedgerSettings`. The tools' key retention is the
+        deployment's (:mod:`toolledger.kafka_settings`)."""
+        from toolledger.settings import KAFKA, LedgerSettings
+
+        chosen = LedgerSettings.of(
+            **settings,
+            backend=KAFKA,
+            kafka=bootstrap,
+            prefix=prefix,
+            partitions=partitions,
+            default_wait_s=default_wait_s,
+            postgres=postgres,
+        )
+        return cls(_Local(chosen, registry), context)
 
     @classmethod
     def http(cls, url: str, token: str, *, default_wait_s: float = 10.0) -> Ledger:
@@ -295,7 +260,7 @@ class Ledger:
         tb: TracebackType | None,
     ) -> None:
         self._caller = None
-        await self._backend.close(exc is not None)
+        await self._backend.close(exc_type, exc, tb)
 
     async def call(
         self,

@@ -27,7 +27,6 @@ several clients with ``--transport http``, or run on Kafka + PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from enum import StrEnum
@@ -59,12 +58,10 @@ from toolledger.options import (
 if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
     from starlette.applications import Starlette
 
-    from processors.tools.registry import ToolRegistry
     from producers.client import QueuedProbe, TrustedContext
     from producers.http.app import FrontDoor
     from producers.http.auth import Authenticator, TokenStore
     from producers.mcp_server import LedgerMcpServer
-    from toolledger.serve import Security
 
 log = logging.getLogger("toolledger.mcp")
 
@@ -172,36 +169,6 @@ async def serve_http(
     await AnnouncingServer(config, what="toolledger mcp", path=path).serve()
 
 
-def open_door(
-    data: Path,
-    registry: ToolRegistry,
-    security: TokenStore | Security,
-    *,
-    kafka: str | None,
-    postgres: str | None,
-    prefix: str,
-    partitions: int,
-    create: bool | None = None,
-) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
-    """The backend ``toolledger serve`` would use, with its authenticator (a bare tokens
-    file: that file only). A JWKS file or JWT settings that are not usable raise
-    :class:`toolledger.config.ConfigError` when the door is entered."""
-    from schemas.topics import Topics
-    from toolledger import serve as wiring
-
-    if not isinstance(security, wiring.Security):
-        security = wiring.Security(security)
-    return wiring.open_door(
-        registry,
-        security,
-        data=data,
-        kafka=kafka,
-        postgres=postgres,
-        topics=Topics(prefix, partitions),
-        create=create,
-    )
-
-
 def register_mcp_command(app: typer.Typer) -> None:
     """Add ``toolledger mcp`` to the CLI."""
 
@@ -212,10 +179,8 @@ def register_mcp_command(app: typer.Typer) -> None:
         ] = Transport.STDIO,
         host: Annotated[str, typer.Option(help="HTTP: address to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="HTTP: port.")] = 8081,
-        data: Annotated[Path, typer.Option("--data", help="Embedded ledger directory.")] = Path(
-            ".toolledger"
-        ),
-        tokens: Annotated[Path, typer.Option(help="Tokens file (JSON).")] = Path("tokens.json"),
+        data: options.DataOption = Path(".toolledger"),
+        tokens: options.TokensOption = Path("tokens.json"),
         token: Annotated[
             str | None,
             typer.Option(
@@ -224,7 +189,8 @@ def register_mcp_command(app: typer.Typer) -> None:
                 help="stdio: the token (of the tokens file) this server acts as.",
             ),
         ] = None,
-        tools: Annotated[str, typer.Option(help="'helpdesk' or module:registry.")] = "helpdesk",
+        tools: options.ToolsOption = None,
+        demo: options.DemoOption = False,
         wait: Annotated[
             float,
             typer.Option(min=0.0, max=60.0, help="Seconds a call waits for its outcome."),
@@ -241,7 +207,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_principal_claim: JwtPrincipalClaimOption = JWT_PRINCIPAL_CLAIM,
         jwt_scopes_claim: JwtScopesClaimOption = None,
         create: CreateOption = False,
-        key_retention: options.KeyRetentionOption = "24h",
+        key_retention: options.KeyRetentionOption = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -249,13 +215,16 @@ def register_mcp_command(app: typer.Typer) -> None:
         from processors.runtime.sqlite_ledger import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
-        from toolledger.config import ConfigError, load_tools
+        from toolledger.config import DEFAULT_KAFKA, ConfigError, ToolSource
         from toolledger.heap import releasing_free_memory
+        from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")
             raise typer.Exit(2)
         try:
+            source = ToolSource(tools, demo, data / "helpdesk.db")
+            registry = source.load()
             token_store = TokenStore.load(tokens)
             context = stdio_context(token_store, token) if transport is Transport.STDIO else None
             security = options.security(
@@ -277,26 +246,25 @@ def register_mcp_command(app: typer.Typer) -> None:
                 algorithms=security.jwt_algorithms,
                 claims=security.jwt_claims,
             )
-            new_ledger = options.creates(data, create, embedded=kafka is None)
-            data.mkdir(parents=True, exist_ok=True)
-            registry = load_tools(tools, data / "helpdesk.db")
-            options.key_retention(registry, key_retention)
+            settings = LedgerSettings.of(
+                backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
+                path=data / "ledger.db",
+                create=options.creates(data, create, embedded=kafka is None),
+                kafka=kafka or DEFAULT_KAFKA,
+                postgres=postgres,
+                prefix=prefix,
+                partitions=partitions,
+                key_retention=key_retention,
+            )
+            if kafka is None:  # written only once every check passed
+                data.mkdir(parents=True, exist_ok=True)
+                source.make_store()
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
 
         async def main() -> None:
-            door = open_door(
-                data,
-                registry,
-                security,
-                kafka=kafka,
-                postgres=postgres,
-                prefix=prefix,
-                partitions=partitions,
-                create=new_ledger,
-            )
-            async with door as front:
+            async with wiring.front_door(settings, registry, security) as front:
                 if context is not None:
                     await run_stdio(front, context, wait_s=wait)
                 else:

@@ -11,8 +11,6 @@ import typer
 from typer.core import TyperCommand
 
 from processors.runtime.ledger_file import LedgerFileError, must_create, traces
-from processors.tools.registry import ToolRegistry
-from processors.tools.retention import RetentionError, parse_retention
 from processors.toolsets.helpdesk import holds_effects
 from toolledger.config import ConfigError
 
@@ -22,7 +20,26 @@ if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a comman
 
 JWT_PANEL = "JWT bearer tokens"
 DISTRIBUTED_PANEL = "Distributed mode (Kafka + PostgreSQL)"
-HELPDESK_PANEL = "Helpdesk toolset (the shipped demo tools; only with --tools helpdesk)"
+HELPDESK_PANEL = "The demo's helpdesk tools (only with --demo)"
+
+ToolsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tools",
+        envvar="TOOLLEDGER_TOOLS",
+        help="The tools: module:attribute (imported from the working directory, e.g. "
+        "mytools:registry) or path/to/file.py:attribute, naming a Registry or a function "
+        "without arguments that returns one.",
+    ),
+]
+DemoOption = Annotated[
+    bool,
+    typer.Option(
+        "--demo",
+        help="The demo's helpdesk tools (toolledger.examples.helpdesk:registry) instead of "
+        "--tools; their side effects go to a SQLite file, helpdesk.db in --data.",
+    ),
+]
 
 
 class SectionedCommand(TyperCommand):
@@ -81,7 +98,9 @@ def require(*extras: str, what: str) -> None:
         )
 
 
-KafkaOption = Annotated[str, typer.Option("--kafka", help="Kafka bootstrap servers.")]
+KafkaOption = Annotated[
+    str, typer.Option("--kafka", envvar="TOOLLEDGER_KAFKA", help="Kafka bootstrap servers.")
+]
 ServeKafkaOption = Annotated[
     str | None,
     typer.Option(
@@ -135,21 +154,17 @@ def creates(data: Path, create: bool, *, embedded: bool) -> bool | None:
 
 
 KeyRetentionOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--key-retention",
+        envvar="TOOLLEDGER_KEY_RETENTION",
         help="How long a finished call's key is kept, for tools whose manifest sets none: "
-        "90s, 30m, 24h, 7d, PT24H, or 'forever'. After it, the same key runs as a new call.",
+        "90s, 30m, 24h, 7d, PT24H, or 'forever' (default: the tools' registry's, 24h). After "
+        "it, the same key runs as a new call. On Kafka the deployment's is recorded on its "
+        "settings topic (set by 'toolledger topics --key-retention', else by the first process "
+        "to start): a process whose option disagrees refuses to start.",
     ),
 ]
-
-
-def key_retention(registry: ToolRegistry, text: str) -> None:
-    """Apply ``--key-retention`` to ``registry`` (:class:`ConfigError` if it is no duration)."""
-    try:
-        registry.set_default_key_retention(parse_retention(text))
-    except RetentionError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 TopicIntentsRetentionOption = Annotated[
@@ -168,7 +183,9 @@ AuditRetentionOption = Annotated[
         "per read model prunes it: the front door (serve) or the projector.",
     ),
 ]
-PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic name prefix.")]
+PrefixOption = Annotated[
+    str, typer.Option("--prefix", envvar="TOOLLEDGER_PREFIX", help="Topic name prefix.")
+]
 
 CacheEntriesOption = Annotated[
     int,
@@ -179,7 +196,19 @@ CacheEntriesOption = Annotated[
         "key is read from its store when used.",
     ),
 ]
-PartitionsOption = Annotated[int, typer.Option("--partitions", help="Partitions per topic.")]
+PartitionsOption = Annotated[
+    int,
+    typer.Option(
+        "--partitions", envvar="TOOLLEDGER_PARTITIONS", min=1, help="Partitions per topic."
+    ),
+]
+DataOption = Annotated[
+    Path,
+    typer.Option("--data", envvar="TOOLLEDGER_DATA", help="Embedded ledger directory."),
+]
+TokensOption = Annotated[
+    Path, typer.Option("--tokens", envvar="TOOLLEDGER_TOKENS", help="Tokens file (JSON).")
+]
 JwksOption = Annotated[
     Path | None,
     typer.Option(

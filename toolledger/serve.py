@@ -1,21 +1,16 @@
-"""Wiring of the HTTP front door for the embedded or the distributed backend, with its
+"""Wiring of the HTTP front door on a backend (:mod:`toolledger.backends`), with its
 authenticator (tokens file and/or JWTs verified against a JWKS file) and its rate limiter
 (policy file and/or tool manifests)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL
-from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from processors.tools.registry import ToolRegistry
 from processors.tools.retention import describe, seconds_of
 from producers.client import LedgerClient
@@ -33,14 +28,13 @@ from producers.http.jwt_auth import (
 )
 from producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
 from schemas.calls import CallQueries
-from schemas.topics import Topics
 from toolledger.audit import audit_retention as keep_audit
+from toolledger.backends import backend_factory
 from toolledger.config import ConfigError
 from toolledger.http_server import ConnectionLimits, serve_app
+from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.serve")
-
-DEFAULT_INTENTS_RETENTION = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S)
 
 
 def tool_infos(registry: ToolRegistry) -> dict[str, ToolInfo]:
@@ -128,17 +122,18 @@ class Security:
         limiter = rate_limiter(registry, self.policy)
         throttle = AuthThrottle(rate_policy(self.policy).limits.auth_failures)
         tokens = self.tokens if self.tokens is not None else TokenStore([])
-        tools = tool_infos(registry)
 
         def door(
             client: LedgerClient,
             queries: CallQueries,
             ready: Callable[[], Awaitable[dict[str, bool]]],
         ) -> FrontDoor:
+            # the tools as they are when the door opens (on Kafka, with the deployment's key
+            # retention, read from its settings topic after this check)
             return FrontDoor(
                 client,
                 queries,
-                tools,
+                tool_infos(registry),
                 tokens,
                 ready,
                 limiter=limiter,
@@ -159,141 +154,21 @@ DoorFactory = Callable[
 
 
 @contextlib.asynccontextmanager
-async def embedded_door(
-    data: Path,
-    registry: ToolRegistry,
-    security: Security,
-    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
-    create: bool | None = None,
-    shutdown_timeout_s: float = 30.0,
-    cache_entries: int = DEFAULT_CACHE_ENTRIES,
-    intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
-    audit_retention: timedelta | None = None,
+async def front_door(
+    settings: LedgerSettings, registry: ToolRegistry, security: Security
 ) -> AsyncIterator[FrontDoor]:
-    """The front door of an embedded ledger in ``data`` (its executor in this process);
-    ``create`` and ``intents_retention`` as
-    :class:`~toolledger.embedded.EmbeddedLedger` takes them. ``audit_retention``: how long the
-    audit trail keeps an expired key's record (None: forever)."""
-    from processors.runtime.intent_lookup import SqliteIntentLookup
-    from projections.audit_retention import prune_sqlite
-    from toolledger.embedded import EmbeddedLedger
-
-    door = security.build(registry)
-    ledger_file = data / "ledger.db"
-    async with EmbeddedLedger(
-        ledger_file,
-        registry,
-        approval_request_ttl=approval_request_ttl,
-        create=create,
-        shutdown_timeout_s=shutdown_timeout_s,
-        cache_entries=cache_entries,
-        intents_retention=intents_retention,
-    ) as ledger:
-        assert ledger.file is not None and ledger.runtime is not None
-        runtime, file = ledger.runtime, ledger.file
-
-        async def ready() -> dict[str, bool]:
-            return {"executor": runtime.running, "ledger_writable": ledger.writable()}
-
-        calls = ledger.queries()
-        intents = SqliteIntentLookup(ledger_file)
-
-        async def prune(cutoff: datetime) -> int:  # in turn with the writer (locked_write)
-            return await asyncio.to_thread(prune_sqlite, file.locked_write, cutoff)
-
-        try:
-            front = door(ledger.client, calls, ready)
-            front.groups = ledger.groups
-            front.intents = intents
-            async with keep_audit(prune, audit_retention):
-                yield front
-        finally:
-            intents.close()
-            calls.close()
-
-
-@contextlib.asynccontextmanager
-async def distributed_door(
-    kafka: str,
-    postgres: str,
-    topics: Topics,
-    registry: ToolRegistry,
-    security: Security,
-    audit_retention: timedelta | None = None,
-) -> AsyncIterator[FrontDoor]:
-    """The front door of the Kafka + PostgreSQL backend (``audit_retention``: see
-    :func:`embedded_door`; one front door at a time prunes)."""
-    from producers.kafka import KafkaTransport
-    from producers.kafka_intents import KafkaIntentLookup
-    from projections.audit_retention import prune_postgres
-    from projections.postgres import PostgresCalls, PostgresProjection, migrate
-    from toolledger.groups import postgres_groups
-    from toolledger.kafka_admin import ensure_topics
-
-    door = security.build(registry)
-    await ensure_topics(kafka, topics)
-    await migrate(postgres)
-    transport = KafkaTransport(kafka, topics)
-    await transport.start()
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            projection = await stack.enter_async_context(PostgresProjection(postgres))
-            calls = PostgresCalls(projection)
-            client = LedgerClient(transport)
-            groups = await postgres_groups(
-                stack, projection, postgres, kafka, topics, client, lambda: registry
-            )
-
-            async def ready() -> dict[str, bool]:
-                try:
-                    await calls.applied("readiness-probe")
-                    database = True
-                except Exception:
-                    database = False
-                return {
-                    "postgres": database,
-                    "kafka": transport.running and await transport.reachable(),
-                }
-
-            front = door(client, calls, ready)
-            front.groups = groups
-            front.intents = KafkaIntentLookup(kafka, topics)
-
-            async with keep_audit(functools.partial(prune_postgres, postgres), audit_retention):
-                yield front
-    finally:
-        await transport.stop()
-
-
-def open_door(
-    registry: ToolRegistry,
-    security: Security,
-    *,
-    data: Path,
-    kafka: str | None,
-    postgres: str | None,
-    topics: Topics,
-    approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL,
-    create: bool | None = None,
-    shutdown_timeout_s: float = 30.0,
-    cache_entries: int = DEFAULT_CACHE_ENTRIES,
-    intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
-    audit_retention: timedelta | None = None,
-) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
-    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
-    if kafka is not None and postgres is not None:
-        return distributed_door(kafka, postgres, topics, registry, security, audit_retention)
-    return embedded_door(
-        data,
-        registry,
-        security,
-        approval_request_ttl,
-        create,
-        shutdown_timeout_s,
-        cache_entries,
-        intents_retention,
-        audit_retention,
-    )
+    """The front door of the backend ``settings`` name (opened through its factory,
+    :func:`toolledger.backends.backend_factory`), with ``security``; the audit trail pruned
+    at ``settings.audit_retention`` (one front door at a time prunes on Kafka + PostgreSQL)."""
+    door = security.build(registry)  # the security settings, checked before anything opens
+    async with backend_factory(settings).open(registry) as parts:
+        if parts.queries is None or parts.prune is None:
+            raise ConfigError(f"a front door on {settings.backend} needs the read model")
+        front = door(parts.client, parts.queries, parts.ready)
+        front.groups = parts.groups
+        front.intents = parts.intents
+        async with keep_audit(parts.prune, settings.audit_retention):
+            yield front
 
 
 async def serve(

@@ -46,6 +46,7 @@ from schemas.keys import CallKey
 from tests.over_http import over_http
 from toolledger import Ledger, TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ACME = TrustedContext("acme", "agent-a")
 # the user the agent acts for, with her own credential: confirms what her agent asked for
@@ -89,7 +90,7 @@ async def desk(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 
                 yield Desk(ledger, store, tools, lambda _: ledger, read_model)
             return
-        async with EmbeddedLedger(path, registry, create=True) as embedded:
+        async with EmbeddedLedger(LedgerSettings(path=path, create=True), registry) as embedded:
             door = over_http(embedded, lambda: registry)
             client = door.http_ledger(ACME)
 
@@ -368,7 +369,9 @@ async def test_which_clients_run_groups(tmp_path: Path) -> None:
         assert group_caller(Ledger.kafka("127.0.0.1:1")) is None
         with_groups = Ledger.kafka("127.0.0.1:1", registry, postgres="postgresql://x")
         assert group_caller(with_groups) is with_groups
-        async with EmbeddedLedger(tmp_path / "e.db", registry, create=True) as embedded:
+        async with EmbeddedLedger(
+            LedgerSettings(path=tmp_path / "e.db", create=True), registry
+        ) as embedded:
             door = over_http(embedded, lambda: registry)
             try:
                 assert group_caller(embedded.client) is None  # a bare LedgerClient

@@ -32,6 +32,7 @@ from producers.keys import derive_idempotency_key
 from tests.over_http import over_http
 from toolledger.embedded import EmbeddedLedger
 from toolledger.serve import tool_infos
+from toolledger.settings import LedgerSettings
 
 ACME = TrustedContext("acme", "agent-a")
 GLOBEX = TrustedContext("globex", "agent-g")
@@ -49,7 +50,9 @@ async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     registry = helpdesk_registry(store)
     try:
-        async with EmbeddedLedger(tmp_path / "ledger.db", registry, create=True) as ledger:
+        async with EmbeddedLedger(
+            LedgerSettings(path=tmp_path / "ledger.db", create=True), registry
+        ) as ledger:
             if request.param == "in-process":
                 yield Setup(ledger.client, store, dict(tool_infos(registry)))
                 return

@@ -9,6 +9,7 @@ from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from producers.client import LedgerClient
 from tests.contract.harness import Harness
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 
 class EmbeddedHarness(Harness):
@@ -22,11 +23,13 @@ class EmbeddedHarness(Harness):
 
     async def start(self) -> None:
         self.ledger = EmbeddedLedger(
-            self.workdir / "ledger.db",
+            LedgerSettings(
+                path=self.workdir / "ledger.db",
+                sweep_interval_s=0.1,
+                create=True,
+                cache_entries=self.cache_entries or DEFAULT_CACHE_ENTRIES,
+            ),
             self.registry,
-            sweep_interval_s=0.1,
-            create=True,
-            cache_entries=self.cache_entries or DEFAULT_CACHE_ENTRIES,
         )
         await self.ledger.start()
 
@@ -77,7 +80,4 @@ class EmbeddedHarness(Harness):
     async def dead_letter_reasons(self) -> list[str]:
         assert self.ledger is not None and self.ledger.runtime is not None
         await self.ledger.runtime.drain()
-        return [
-            r["reason"]
-            for r in self._rows("SELECT reason FROM dead_letters ORDER BY id")
-        ]
+        return [r["reason"] for r in self._rows("SELECT reason FROM dead_letters ORDER BY id")]

@@ -57,7 +57,7 @@ async def test_two_rebuilds_give_back_every_row_in_the_same_order(
     seq = events[0].index("seq")
     assert [r[seq] for r in events[1]] == sorted(r[seq] for r in events[1])
     for _ in range(2):
-        replay = ["replay", "--data", str(tmp_path)]
+        replay = ["replay", "--data", str(tmp_path), "--demo"]
         rebuilt = await asyncio.to_thread(CliRunner().invoke, app, replay)
         assert rebuilt.exit_code == 0, rebuilt.output
         assert differences(live, _dump(path)) == []

@@ -94,6 +94,7 @@ class Cluster:
         """An executor."""
         return self._start(
             "executor",
+            "--demo",
             "--helpdesk-db",
             str(self.helpdesk_db),
             "--timeout-s",

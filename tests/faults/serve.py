@@ -40,7 +40,7 @@ class EmbeddedServe:
         self.runs += 1
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--data", str(self.data), "--tokens", str(self.workdir / "tokens.json")]
-        args += [*self.extra, *more]
+        args += ["--demo", *self.extra, *more]
         self.process = spawn(f"serve-{self.runs}", args, self.workdir, max_files=max_files)
         if wait:
             self.wait_ready()

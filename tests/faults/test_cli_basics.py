@@ -70,8 +70,8 @@ def test_help_at_80_columns_cuts_nothing(path: tuple[str, ...]) -> None:
 
 def test_the_helpdesk_options_are_a_section_of_their_own() -> None:
     text = CliRunner().invoke(app, ["executor", "--help"], env={"COLUMNS": "80"}).stdout
-    options, _, helpdesk = text.partition("Helpdesk toolset")
-    assert "--tools" in options
+    options, _, helpdesk = text.partition("The demo's helpdesk tools (only with --demo)")
+    assert "--tools" in options and "--demo" in options
     for name in ("--helpdesk-db", "--timeout-s", "--flaky-timeout-s"):
         assert name in helpdesk and name not in options
 
@@ -81,4 +81,4 @@ def test_the_helpdesk_options_are_refused_with_another_toolset() -> None:
         app, ["executor", "--tools", "my_tools:registry", "--flaky-timeout-s", "2"]
     )
     assert result.exit_code == 2
-    assert "--flaky-timeout-s is an option of the helpdesk toolset" in result.output
+    assert "--flaky-timeout-s is an option of the demo's helpdesk tools (--demo)" in result.output

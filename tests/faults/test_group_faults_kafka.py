@@ -122,7 +122,7 @@ class KafkaServe:
         tokens = self.workdir / "tokens.json"
         if not tokens.exists():
             write_tokens(tokens)
-        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--demo"]
         args += ["--data", str(self.workdir / "serve-data"), "--tokens", str(tokens)]
         args += ["--kafka", self.services.kafka, "--postgres", self.dsn]
         args += ["--prefix", self.topics.prefix, "--partitions", str(self.topics.partitions)]

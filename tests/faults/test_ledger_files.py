@@ -25,13 +25,16 @@ from producers.client import TrustedContext
 from tests.faults.serve import EmbeddedServe
 from tests.http.servers import ROOT, free_port, write_tokens
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "alice")
 
 
 async def _ledger_with_calls(data: Path, calls: int = 20) -> None:
     registry = helpdesk_registry(HelpdeskStore(data / "helpdesk.db"))
-    async with EmbeddedLedger(data / "ledger.db", registry, create=True) as ledger:
+    async with EmbeddedLedger(
+        LedgerSettings(path=data / "ledger.db", create=True), registry
+    ) as ledger:
         for n in range(calls):
             done = await ledger.client.call(
                 "create_ticket", {"title": f"t{n}"}, idempotency_key=f"k{n}", context=AGENT
@@ -43,7 +46,7 @@ def _serve(workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """``toolledger serve`` on the data directory; it must refuse and exit by itself."""
     tokens = write_tokens(workdir / "tokens.json")
     command = [sys.executable, "-m", "toolledger.cli", "serve", "--port", "1"]
-    command += ["--data", str(workdir / "data"), "--tokens", str(tokens), *extra]
+    command += ["--data", str(workdir / "data"), "--tokens", str(tokens), "--demo", *extra]
     return subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=dict(os.environ)
     )

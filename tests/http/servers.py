@@ -235,7 +235,7 @@ def start_embedded(workdir: Path, *extra: str) -> Server:
     server = Server("embedded", f"http://127.0.0.1:{port}", data / "helpdesk.db", 5.0)
     server.ledger_db = data / "ledger.db"
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--data", str(data), "--tokens", str(tokens), *extra]
+    args += ["--data", str(data), "--tokens", str(tokens), "--demo", *extra]
     server.processes.append(spawn("server", args, workdir))
     try:
         server.wait_ready()
@@ -268,6 +268,7 @@ def start_distributed(
         executor = [
             "executor",
             *common,
+            "--demo",
             "--helpdesk-db",
             str(server.helpdesk_db),
             "--flaky-timeout-s",
@@ -282,9 +283,9 @@ def start_distributed(
         server.processes.append(spawn("projector", projector, workdir))
         wait_for_file(server.processes[0], executor_ready)
         wait_for_file(server.processes[1], projector_ready)
-        # --data only holds the server's unused copy of the helpdesk store in this mode
+        # the front door reads the demo tools' manifests (the executor runs them)
         args = ["serve"] if front == "serve" else ["mcp", "--transport", "http"]
-        args += ["--host", "127.0.0.1", "--port", str(port)]
+        args += ["--host", "127.0.0.1", "--port", str(port), "--demo"]
         args += ["--data", str(workdir / "server"), "--tokens", str(tokens)]
         args += [*common, "--postgres", dsn, *extra]
         if front == "mcp":

@@ -59,20 +59,22 @@ import asyncio, json, sys
 from pathlib import Path
 from producers.http.auth import TokenStore
 from toolledger import logs, serve
-from toolledger.config import load_tools
+from toolledger.config import ToolSource
+from toolledger.settings import LedgerSettings
 
 o = json.loads(sys.argv[1])
 logs.configure("INFO")
 data = Path(o["data"])
 data.mkdir(parents=True, exist_ok=True)
-registry = load_tools("helpdesk", data / "helpdesk.db")
+registry = ToolSource(demo=True, helpdesk_db=data / "helpdesk.db").load()
 path = lambda name: Path(o[name]) if o.get(name) else None
 
 async def main():
-    door = serve.embedded_door(data, registry, serve.Security(
-        TokenStore.load(Path(o["tokens"])), jwks=path("jwks"),
-        issuer=o.get("issuer"), audience=o.get("audience"), policy=path("policy"),
-    ), create=True)
+    door = serve.front_door(LedgerSettings(path=data / "ledger.db", create=True), registry,
+        serve.Security(
+            TokenStore.load(Path(o["tokens"])), jwks=path("jwks"),
+            issuer=o.get("issuer"), audience=o.get("audience"), policy=path("policy"),
+        ))
     async with door as front:
         await serve.serve(front, "127.0.0.1", o["port"])
 

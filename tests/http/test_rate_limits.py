@@ -42,7 +42,7 @@ from tests.http.test_jwt import (
     sign,
     start_guarded,
 )
-from toolledger.config import load_tools
+from toolledger.config import ToolSource
 from toolledger.serve import rate_limiter
 
 TOOL_RATE = 0.5  # create_ticket: 2 calls, then one every 2 s, per tenant
@@ -303,7 +303,7 @@ def test_precedence_policy_manifest_default() -> None:
 
 
 def test_nothing_is_limited_unless_configured(tmp_path: Path) -> None:
-    registry = load_tools("helpdesk", tmp_path / "helpdesk.db")
+    registry = ToolSource(demo=True, helpdesk_db=tmp_path / "helpdesk.db").load()
     assert rate_limiter(registry) is None
     empty, _ = limiter({})
     assert not empty.active and empty.acquire("t", "a") is None

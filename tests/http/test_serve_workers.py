@@ -43,7 +43,7 @@ def two_workers(tmp_path: Path, services: Services) -> Iterator[Server]:
     port = free_port()
     server = Server("kafka", f"http://127.0.0.1:{port}", tmp_path / "helpdesk.db", 3.0)
     try:
-        executor = ["executor", *common, "--helpdesk-db", str(server.helpdesk_db)]
+        executor = ["executor", *common, "--demo", "--helpdesk-db", str(server.helpdesk_db)]
         executor += ["--ready-file", str(tmp_path / "executor.ready")]
         secret = {"TOOLLEDGER_REDACTION_SECRET": REDACTION_SECRET}
         server.processes.append(spawn("executor", executor, tmp_path, secret))
@@ -53,7 +53,7 @@ def two_workers(tmp_path: Path, services: Services) -> Iterator[Server]:
         wait_for_file(server.processes[0], tmp_path / "executor.ready")
         wait_for_file(server.processes[1], tmp_path / "projector.ready")
         serve = ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(WORKERS)]
-        serve += ["--data", str(tmp_path / "server"), "--tokens", str(tokens)]
+        serve += ["--data", str(tmp_path / "server"), "--tokens", str(tokens), "--demo"]
         serve += [*common, "--postgres", dsn]
         server.processes.append(spawn("server", serve, tmp_path))
         server.wait_ready()
@@ -122,10 +122,8 @@ async def test_two_workers_share_the_port_and_a_key_executes_once(two_workers: S
 
 def test_workers_on_the_embedded_backend_are_refused(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens.json")
-    result = CliRunner().invoke(
-        app,
-        ["serve", "--workers", "2", "--data", str(tmp_path / "data"), "--tokens", str(tokens)],
-    )
+    args = ["serve", "--workers", "2", "--demo", "--data", str(tmp_path / "data")]
+    result = CliRunner().invoke(app, [*args, "--tokens", str(tokens)])
     assert result.exit_code == 2, result.output
     message = re.sub(r"\s+", " ", result.output)
     assert "--workers needs the Kafka + PostgreSQL backend" in message

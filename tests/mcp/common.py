@@ -25,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ["-m", "toolledger.cli", "mcp"]
@@ -87,7 +88,7 @@ def server_command(deploy: Deployment, *options: str) -> list[str]:
         sys.executable,
         *ENTRY,
         *options,
-        *("--data", str(deploy.data), "--tokens", str(deploy.tokens)),
+        *("--demo", "--data", str(deploy.data), "--tokens", str(deploy.tokens)),
     ]
 
 
@@ -213,7 +214,9 @@ async def embedded(root: Path) -> AsyncIterator[tuple[EmbeddedLedger, HelpdeskSt
     store = HelpdeskStore(root / "helpdesk.db")
     registry = helpdesk_registry(store)
     try:
-        async with EmbeddedLedger(root / "ledger.db", registry, create=True) as ledger:
+        async with EmbeddedLedger(
+            LedgerSettings(path=root / "ledger.db", create=True), registry
+        ) as ledger:
             yield ledger, store
     finally:
         store.close()

@@ -236,14 +236,16 @@ async def test_mcp_calls_pass_the_front_doors_refusals(tmp_path: Path) -> None:
     from processors.toolsets.helpdesk import helpdesk_registry
     from producers.http.auth import TokenStore
     from toolledger.mcp_wiring import mcp_server
-    from toolledger.serve import Security, embedded_door
+    from toolledger.serve import Security, front_door
+    from toolledger.settings import LedgerSettings
 
     policy = tmp_path / "policy.json"
     limits = {"tools": {"create_ticket": {"per_tenant": {"rate": 0.001, "burst": 2}}}}
     policy.write_text(json_module.dumps({"rate_limits": limits}))
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     security = Security(TokenStore([]), policy=policy)
-    async with embedded_door(tmp_path, helpdesk_registry(store), security, create=True) as door:
+    settings = LedgerSettings(path=tmp_path / "ledger.db", create=True)
+    async with front_door(settings, helpdesk_registry(store), security) as door:
         server = mcp_server(door, fixed_context=ACME)
         async with Client(server.server) as client:
             keys = [new_key() for _ in range(3)]

@@ -58,7 +58,8 @@ from tests.mcp.common import (
 )
 from toolledger.embedded import EmbeddedLedger
 from toolledger.mcp_wiring import mcp_server
-from toolledger.serve import Security, embedded_door, tool_infos
+from toolledger.serve import Security, front_door, tool_infos
+from toolledger.settings import LedgerSettings
 
 ToolsCall = types.Request[dict[str, Any], Literal["tools/call"]]
 Discover = types.Request[dict[str, Any], Literal["server/discover"]]
@@ -244,7 +245,8 @@ async def test_a_call_still_in_progress_is_an_error_with_the_proposals_data(
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     security = Security(TokenStore([]))
     try:
-        async with embedded_door(tmp_path, helpdesk_registry(store), security, create=True) as door:
+        settings = LedgerSettings(path=tmp_path / "ledger.db", create=True)
+        async with front_door(settings, helpdesk_registry(store), security) as door:
             impatient = mcp_server(door, fixed_context=ACME, wait_s=0.2)
             patient = mcp_server(door, fixed_context=ACME, wait_s=10)
             key = new_key()

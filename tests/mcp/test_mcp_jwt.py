@@ -51,6 +51,7 @@ from tests.mcp.common import (
 )
 from toolledger import serve
 from toolledger.mcp_wiring import door_authenticator, mcp_server
+from toolledger.settings import LedgerSettings
 
 ISSUER = "https://issuer.test/"
 AUDIENCE = "toolledger-mcp-test"
@@ -314,9 +315,8 @@ async def one_door(root: Path, keys: Keys) -> AsyncIterator[Door]:
         security = serve.Security(
             TokenStore([]), keys.write_jwks(root / "jwks.json"), ISSUER, AUDIENCE
         )
-        async with serve.embedded_door(
-            root, helpdesk_registry(store), security, create=True
-        ) as door:
+        settings = LedgerSettings(path=root / "ledger.db", create=True)
+        async with serve.front_door(settings, helpdesk_registry(store), security) as door:
             port = free_port()
             app = mcp_server(door, wait_s=10).http_app(
                 door_authenticator(door), throttle=door.auth_throttle, host="127.0.0.1"

@@ -41,8 +41,8 @@ async def test_one_process_serves_http_and_mcp_and_an_mcp_approval_completes(
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(  # noqa: ASYNC220  # started once, then waited for over HTTP
-            [sys.executable, "-m", "toolledger", "serve", "--mcp", "--create", "--port", str(port),
-             "--data", str(deploy.data), "--tokens", str(deploy.tokens)],
+            [sys.executable, "-m", "toolledger", "serve", "--demo", "--mcp", "--create",
+             "--port", str(port), "--data", str(deploy.data), "--tokens", str(deploy.tokens)],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

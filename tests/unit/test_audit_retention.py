@@ -106,7 +106,7 @@ def test_serve_refuses_an_audit_retention_that_is_not_a_duration(tmp_path: Path)
     from toolledger.cli import app
 
     tokens = write_tokens(tmp_path / "tokens.json")
-    args = ["serve", "--data", str(tmp_path / "d"), "--tokens", str(tokens), "--create"]
+    args = ["serve", "--data", str(tmp_path / "d"), "--tokens", str(tokens), "--create", "--demo"]
     answer = CliRunner().invoke(app, [*args, "--audit-retention", "soon"])
     assert answer.exit_code == 2, answer.output
     assert "not a duration" in answer.output
@@ -127,11 +127,14 @@ async def test_rounds_succeed_while_the_ledger_writes_back_to_back(tmp_path: Pat
     turn behind it (``SqliteLedger.locked_write``) and deletes what is past the cutoff, where a
     connection of its own lost the race for SQLite's lock ("database is locked")."""
     from toolledger.embedded import EmbeddedLedger
+    from toolledger.settings import LedgerSettings
 
     effects: list[str] = []
     path = tmp_path / "ledger.db"
     registry = _registry(effects)
-    async with EmbeddedLedger(path, registry, create=True, sweep_interval_s=0.05) as ledger:
+    async with EmbeddedLedger(
+        LedgerSettings(path=path, create=True, sweep_interval_s=0.05), registry
+    ) as ledger:
         assert ledger.file is not None
         first = [
             await ledger.client.call("write_note", {"text": f"old{i}"}, idempotency_key=f"o{i}",

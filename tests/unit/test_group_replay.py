@@ -18,6 +18,7 @@ from processors.groups.core import GroupResumed
 from processors.runtime.group_runner import GroupRunner
 from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,9 @@ async def submit_both(groups: GroupRunner) -> list[str]:
 async def run_groups(data: Path) -> list[str]:
     store = HelpdeskStore(data / "helpdesk.db")
     try:
-        async with EmbeddedLedger(data / "ledger.db", helpdesk_registry(store), create=True) as led:
+        async with EmbeddedLedger(
+            LedgerSettings(path=data / "ledger.db", create=True), helpdesk_registry(store)
+        ) as led:
             assert led.groups is not None
             return await submit_both(led.groups)
     finally:
@@ -87,7 +90,7 @@ async def run_groups(data: Path) -> list[str]:
 
 def replay(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "toolledger.cli", "replay", "--data", str(data)],
+        [sys.executable, "-m", "toolledger.cli", "replay", "--data", str(data), "--demo"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -123,13 +126,15 @@ async def test_a_groups_updated_at_is_its_last_events_time_not_the_time_it_is_re
     store = HelpdeskStore(tmp_path / "helpdesk.db")
     try:
         async with EmbeddedLedger(
-            tmp_path / "ledger.db", helpdesk_registry(store), create=True
+            LedgerSettings(path=tmp_path / "ledger.db", create=True), helpdesk_registry(store)
         ) as led:
             assert led.groups is not None
             ids = await submit_both(led.groups)
             served = [await led.groups.view("acme", group_id) for group_id in ids]
             assert served == [await led.groups.view("acme", group_id) for group_id in ids]
-        async with EmbeddedLedger(tmp_path / "ledger.db", helpdesk_registry(store)) as led:
+        async with EmbeddedLedger(
+            LedgerSettings(path=tmp_path / "ledger.db"), helpdesk_registry(store)
+        ) as led:
             assert led.groups is not None
             reloaded = [await led.groups.view("acme", group_id) for group_id in ids]
     finally:

@@ -13,6 +13,7 @@ from schemas.keys import CallKey
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")
 
@@ -24,7 +25,9 @@ async def test_only_an_approval_requests_raw_arguments_are_kept_and_found_by_key
     path = tmp_path / "ledger.db"
     ticket = {"title": "mine", "body": "x"}
     charge = {"customer_id": "cus_1", "amount_cents": 1200, "currency": "USD"}
-    async with EmbeddedLedger(path, contract_registry(store), create=True, partitions=2) as led:
+    async with EmbeddedLedger(
+        LedgerSettings(path=path, create=True, partitions=2), contract_registry(store)
+    ) as led:
         made = await led.client.call("create_ticket", ticket, idempotency_key="k-1", context=ALICE)
         assert made.ok
         asked = await led.client.call("charge_card", charge, idempotency_key="k-2", context=ALICE)

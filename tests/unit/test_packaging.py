@@ -201,7 +201,7 @@ def test_the_demo_needs_no_extra(tmp_path: Path) -> None:
 def test_serve_on_the_embedded_backend_needs_no_extra(tmp_path: Path) -> None:
     port = free_port()
     tokens = write_tokens(tmp_path / "tokens.json")
-    args = ["serve", "--port", str(port), "--data", str(tmp_path / "data"), "--tokens"]
+    args = ["serve", "--demo", "--port", str(port), "--data", str(tmp_path / "data"), "--tokens"]
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -254,6 +254,8 @@ def test_serve_on_the_embedded_backend_needs_no_extra(tmp_path: Path) -> None:
 def test_a_command_that_needs_an_extra_names_it(
     args: list[str], extra: str, tmp_path: Path
 ) -> None:
+    if args[0] in ("executor", "replay", "serve", "mcp"):  # the tools: the demo's
+        args = [*args, "--demo"]
     if args[0] in ("serve", "mcp"):
         args = [*args, "--tokens", str(write_tokens(tmp_path / "tokens.json"))]
         args += ["--data", str(tmp_path / "data")]

@@ -22,6 +22,7 @@ from schemas.events import ApprovalGranted, ApprovalRequested
 from schemas.status import CallStatus
 from tests.contract.harness import contract_registry
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 PRINCIPAL = "alice.principal-SECRET-51c7@acme.example"
 AGENT = TrustedContext("acme", PRINCIPAL)
@@ -87,10 +88,8 @@ async def ledger(
     """An embedded ledger, traced into ``exporter`` from its start."""
     store = HelpdeskStore(tmp_path / "downstream.db")
     embedded = EmbeddedLedger(
-        tmp_path / "ledger.db",
+        LedgerSettings(path=tmp_path / "ledger.db", sweep_interval_s=sweep_interval_s, create=True),
         contract_registry(store),
-        sweep_interval_s=sweep_interval_s,
-        create=True,
     )
     await embedded.start()
     try:

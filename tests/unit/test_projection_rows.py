@@ -27,6 +27,7 @@ from tests.contract.harness import contract_registry
 from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")
 
@@ -64,7 +65,8 @@ def _started(**ids: str) -> ToolCallStarted:
 
 async def test_every_event_read_back_equals_the_event_on_the_log(tmp_path: Path) -> None:
     store = HelpdeskStore(tmp_path / "helpdesk.db")
-    ledger = EmbeddedLedger(tmp_path / "ledger.db", contract_registry(store), create=True)
+    settings = LedgerSettings(path=tmp_path / "ledger.db", create=True)
+    ledger = EmbeddedLedger(settings, contract_registry(store))
     async with ledger:
         calls = [
             ("create_ticket", {"title": "printer", "body": "on fire"}, "t-1"),

@@ -19,8 +19,8 @@ from processors.tools.retention import (
     parse_retention,
     seconds_of,
 )
-from toolledger import options
 from toolledger.config import ConfigError
+from toolledger.settings import LedgerSettings
 
 
 @pytest.mark.parametrize(
@@ -107,12 +107,12 @@ def test_a_manifest_retention_may_be_a_duration_text(
 
 def test_the_command_line_option_refuses_what_is_no_duration() -> None:
     with pytest.raises(ConfigError, match="not a duration"):
-        options.key_retention(ToolRegistry(), "a day")
+        LedgerSettings.of(key_retention="a day")
 
 
-@pytest.mark.parametrize("command", ["executor", "topics"])
+@pytest.mark.parametrize("command", [["executor", "--demo"], ["topics"]], ids=lambda c: c[0])
 def test_kafka_commands_read_the_intents_retention_as_a_duration(
-    command: str, monkeypatch: pytest.MonkeyPatch
+    command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from typer.testing import CliRunner
 
@@ -120,6 +120,6 @@ def test_kafka_commands_read_the_intents_retention_as_a_duration(
 
     monkeypatch.setenv("TOOLLEDGER_REDACTION_SECRET", "00112233445566778899aabbccddeeff")
     for bad, why in (("soon", "not a duration"), ("forever", "time retention")):
-        answer = CliRunner().invoke(app, [command, "--intents-retention", bad])
+        answer = CliRunner().invoke(app, [*command, "--intents-retention", bad])
         assert answer.exit_code == 2, answer.output
         assert why in answer.output

@@ -18,6 +18,7 @@ from tests.over_http import over_http
 from tests.services import Services
 from toolledger import Compensation, Ledger, Registry, ToolContext, ToolError, TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")
 
@@ -113,7 +114,9 @@ async def run(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[A
         async with Ledger.embedded(tmp_path / "l.db", registry, context=ALICE) as ledger:
             yield ledger, effects
         return
-    async with EmbeddedLedger(tmp_path / "l.db", registry, create=True) as embedded:
+    async with EmbeddedLedger(
+        LedgerSettings(path=tmp_path / "l.db", create=True), registry
+    ) as embedded:
         door = over_http(embedded, lambda: registry)
         try:
             yield door.http_ledger(ALICE), effects

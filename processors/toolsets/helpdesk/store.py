@@ -45,18 +45,43 @@ class DeadlineExceeded(Exception):
 
 
 class HelpdeskStore:
+    """The store in the SQLite file ``path``, made when it is first used (or :meth:`open`):
+    loading the tools to read their manifests (``toolledger replay``) writes nothing."""
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(_DDL)
-        self._lock = threading.Lock()
+        self._opened: sqlite3.Connection | None = None
+        self._opening = threading.Lock()
+        self._lock = threading.Lock()  # one write transaction at a time
+
+    def open(self) -> HelpdeskStore:
+        """Make the file now (its directory too): :class:`sqlite3.Error` if it cannot be."""
+        with self._opening:
+            if self._opened is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+                )
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(_DDL)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._opened = conn
+        return self
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._opened is None:
+            self.open()
+        assert self._opened is not None
+        return self._opened
 
     def close(self) -> None:
-        self._conn.close()
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
 
     def record(
         self,

@@ -1,0 +1,1 @@
+"""Example toolsets shipped with toolledger (the demo's helpdesk)."""
