@@ -20,6 +20,7 @@ from rich.console import Console
 from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
 from projections.sqlite import SqliteReadModel
+from schemas.keys import DEFAULT_KEY_SCOPE
 from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
@@ -168,6 +169,7 @@ def executor(
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     intents_retention: options.TopicIntentsRetentionOption = "7d",
     key_retention: options.KeyRetentionOption = "24h",
+    key_scope: options.KeyScopeOption = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -192,6 +194,7 @@ def executor(
             tools, helpdesk_db, timeout_s=timeout_s, flaky_timeout_s=flaky_timeout_s
         )
         options.key_retention(registry, key_retention)
+        registry.set_default_key_scope(options.key_scope(key_scope) or DEFAULT_KEY_SCOPE)
         intents_ms = _retention_ms(
             intents_retention, allow_forever=False, what="--intents-retention"
         )
@@ -594,6 +597,7 @@ def serve(
     ] = 3,
     create: CreateOption = False,
     key_retention: options.KeyRetentionOption = "24h",
+    key_scope: options.KeyScopeOption = None,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -654,6 +658,7 @@ def serve(
         data.mkdir(parents=True, exist_ok=True)
         registry = load_tools(tools, data / "helpdesk.db")
         options.key_retention(registry, key_retention)
+        scope = options.key_scope(key_scope)
         retained = {
             "intents_retention": _optional_retention(intents_retention, "--intents-retention"),
             "audit_retention": _optional_retention(audit_retention, "--audit-retention"),
@@ -707,6 +712,7 @@ def serve(
             "create": new_ledger,
             "shutdown_timeout_s": shutdown_timeout_s,
             "cache_entries": cache_entries,
+            "key_scope": scope,
             **retained,
         },
         limits=ConnectionLimits(

@@ -27,6 +27,7 @@ from producers.client import LedgerClient
 from producers.outcomes import OutcomeHub
 from projections.sqlite import SqliteCalls, SqliteReadModel
 from schemas.events import Event
+from schemas.keys import KeyScope
 from toolledger.groups import embedded_groups
 
 log = logging.getLogger("toolledger.embedded")
@@ -55,12 +56,15 @@ class EmbeddedLedger:
         shutdown_timeout_s: float = 30.0,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         intents_retention: timedelta | None = timedelta(seconds=DEFAULT_INTENTS_RETENTION_S),
+        key_scope: KeyScope | None = None,
     ) -> None:
         """``create``: make the ledger if it does not exist (True), never (False), or only in a
         new, empty directory (None); see :class:`SqliteLedger`. ``cache_entries``: call keys
         held in memory (the others are read from the file when used). ``intents_retention``:
         how long the raw arguments of approval requests (their only copy) are kept; None:
-        forever."""
+        forever. ``key_scope``: the scope of the keys of tools that set none, recorded in a new
+        ledger's file (None: the file's, or :data:`DEFAULT_KEY_SCOPE` for a new one); the
+        ledger sets it as ``registry``'s default when it starts."""
         self.path = Path(path)
         self._cache_entries = cache_entries
         self._intents_retention_s = _seconds(intents_retention)
@@ -78,8 +82,12 @@ class EmbeddedLedger:
         self._sweep_interval_s = sweep_interval_s
         self._max_argument_bytes = max_argument_bytes
         self._approval_request_ttl = approval_request_ttl
+        self._key_scope = key_scope
         self.client = LedgerClient(
-            self, default_wait_s=default_wait_s, max_argument_bytes=max_argument_bytes
+            self,
+            default_wait_s=default_wait_s,
+            max_argument_bytes=max_argument_bytes,
+            key_scopes=registry.key_scope_of,
         )
         self.file: SqliteLedger | None = None
         self.runtime: EmbeddedRuntime | None = None
@@ -92,7 +100,9 @@ class EmbeddedLedger:
             partitions=self._partitions,
             synchronous=self._synchronous,
             create=self._create,
+            key_scope=self._key_scope,
         )
+        self.registry.set_default_key_scope(self.file.key_scope)
         stages = Stages(
             self.registry,
             Redactor(bytes.fromhex(self.file.meta("redaction_secret"))),

@@ -24,6 +24,7 @@ from producers.approvals import Approvals, Decision, PendingApproval, approvals_
 from producers.client import DEFAULT_WAIT_S, CallResult, LedgerClient, TrustedContext
 from producers.http_client import HttpLedgerClient, RemoteTool
 from schemas.groups import GroupAnswer
+from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
 from schemas.topics import Topics
 
 _NO_KAFKA_GROUPS = (
@@ -120,6 +121,7 @@ class _Kafka:
         registry: ToolRegistry | None,
         wait_s: float,
         postgres: str | None,
+        key_scope: KeyScope,
     ) -> None:
         try:
             from producers.kafka import KafkaTransport
@@ -129,6 +131,7 @@ class _Kafka:
             ) from exc
         self.transport = KafkaTransport(bootstrap, topics)
         self.registry = registry
+        self.key_scope = key_scope
         self.wait_s = wait_s
         self.postgres = postgres
         self.groups: GroupRunner | None = None
@@ -136,7 +139,14 @@ class _Kafka:
 
     async def open(self) -> _Caller:
         await self.transport.start()
-        client = LedgerClient(self.transport, default_wait_s=self.wait_s)
+        registry, scope = self.registry, self.key_scope
+        if registry is not None:
+            registry.set_default_key_scope(scope)
+        client = LedgerClient(
+            self.transport,
+            default_wait_s=self.wait_s,
+            key_scopes=(lambda _tool: scope) if registry is None else registry.key_scope_of,
+        )
         if self.postgres is not None and self.registry is not None:
             self.groups = await self._open_groups(client, self.postgres, self.registry)
         return client
@@ -269,14 +279,18 @@ class Ledger:
         context: TrustedContext | None = None,
         default_wait_s: float = 10.0,
         postgres: str | None = None,
+        key_scope: KeyScope | str = DEFAULT_KEY_SCOPE,
     ) -> Ledger:
         """Intents appended to the Kafka cluster at ``bootstrap`` (topics ``<prefix>intents``
         and so on, made by ``toolledger topics``), executed by ``toolledger executor``
         processes. ``registry`` lists the tools (the executors hold theirs) and, with
         ``postgres`` (the projection's DSN), lets :meth:`run_group` run call groups here, their
-        log in PostgreSQL as ``toolledger serve`` keeps it."""
+        log in PostgreSQL as ``toolledger serve`` keeps it. ``key_scope``: the scope of the
+        keys of tools that set none, as the executors' ``--key-scope`` says (they refuse a
+        call whose key is of another scope)."""
         topics = Topics(prefix, partitions)
-        return cls(_Kafka(bootstrap, topics, registry, default_wait_s, postgres), context)
+        scope = KeyScope.parse(key_scope)
+        return cls(_Kafka(bootstrap, topics, registry, default_wait_s, postgres, scope), context)
 
     @classmethod
     def http(cls, url: str, token: str, *, default_wait_s: float = 10.0) -> Ledger:

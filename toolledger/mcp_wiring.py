@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the
     from producers.http.app import FrontDoor
     from producers.http.auth import Authenticator, TokenStore
     from producers.mcp_server import LedgerMcpServer
+    from schemas.keys import KeyScope
     from toolledger.serve import Security
 
 log = logging.getLogger("toolledger.mcp")
@@ -182,6 +183,7 @@ def open_door(
     prefix: str,
     partitions: int,
     create: bool | None = None,
+    key_scope: KeyScope | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
     """The backend ``toolledger serve`` would use, with its authenticator (a bare tokens
     file: that file only). A JWKS file or JWT settings that are not usable raise
@@ -199,6 +201,7 @@ def open_door(
         postgres=postgres,
         topics=Topics(prefix, partitions),
         create=create,
+        key_scope=key_scope,
     )
 
 
@@ -242,6 +245,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_scopes_claim: JwtScopesClaimOption = None,
         create: CreateOption = False,
         key_retention: options.KeyRetentionOption = "24h",
+        key_scope: options.KeyScopeOption = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -281,6 +285,7 @@ def register_mcp_command(app: typer.Typer) -> None:
             data.mkdir(parents=True, exist_ok=True)
             registry = load_tools(tools, data / "helpdesk.db")
             options.key_retention(registry, key_retention)
+            scope = options.key_scope(key_scope)
         except (TokenFileError, McpConfigError, ConfigError, OSError) as exc:
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
@@ -295,6 +300,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 prefix=prefix,
                 partitions=partitions,
                 create=new_ledger,
+                key_scope=scope,
             )
             async with door as front:
                 if context is not None:

@@ -33,6 +33,7 @@ from producers.http.jwt_auth import (
 )
 from producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
 from schemas.calls import CallQueries
+from schemas.keys import KeyScope
 from schemas.topics import Topics
 from toolledger.audit import audit_retention as keep_audit
 from toolledger.config import ConfigError
@@ -128,17 +129,17 @@ class Security:
         limiter = rate_limiter(registry, self.policy)
         throttle = AuthThrottle(rate_policy(self.policy).limits.auth_failures)
         tokens = self.tokens if self.tokens is not None else TokenStore([])
-        tools = tool_infos(registry)
 
         def door(
             client: LedgerClient,
             queries: CallQueries,
             ready: Callable[[], Awaitable[dict[str, bool]]],
         ) -> FrontDoor:
+            # the tools as the ledger has them once open (an embedded file keeps its key scope)
             return FrontDoor(
                 client,
                 queries,
-                tools,
+                tool_infos(registry),
                 tokens,
                 ready,
                 limiter=limiter,
@@ -148,6 +149,7 @@ class Security:
                 approval_token_ttl=self.approval_token_ttl,
                 key_retention=describe(registry.default_key_retention),
                 key_retention_seconds=seconds_of(registry.default_key_retention),
+                key_scope=registry.default_key_scope.value,
             )
 
         return door
@@ -169,9 +171,10 @@ async def embedded_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
+    key_scope: KeyScope | None = None,
 ) -> AsyncIterator[FrontDoor]:
     """The front door of an embedded ledger in ``data`` (its executor in this process);
-    ``create`` and ``intents_retention`` as
+    ``create``, ``intents_retention`` and ``key_scope`` as
     :class:`~toolledger.embedded.EmbeddedLedger` takes them. ``audit_retention``: how long the
     audit trail keeps an expired key's record (None: forever)."""
     from processors.runtime.intent_lookup import SqliteIntentLookup
@@ -188,6 +191,7 @@ async def embedded_door(
         shutdown_timeout_s=shutdown_timeout_s,
         cache_entries=cache_entries,
         intents_retention=intents_retention,
+        key_scope=key_scope,
     ) as ledger:
         assert ledger.file is not None and ledger.runtime is not None
         runtime, file = ledger.runtime, ledger.file
@@ -239,7 +243,7 @@ async def distributed_door(
         async with contextlib.AsyncExitStack() as stack:
             projection = await stack.enter_async_context(PostgresProjection(postgres))
             calls = PostgresCalls(projection)
-            client = LedgerClient(transport)
+            client = LedgerClient(transport, key_scopes=registry.key_scope_of)
             groups = await postgres_groups(
                 stack, projection, postgres, kafka, topics, client, lambda: registry
             )
@@ -279,9 +283,14 @@ def open_door(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     intents_retention: timedelta | None = DEFAULT_INTENTS_RETENTION,
     audit_retention: timedelta | None = None,
+    key_scope: KeyScope | None = None,
 ) -> contextlib.AbstractAsyncContextManager[FrontDoor]:
-    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given."""
+    """Embedded in ``data`` unless both ``kafka`` and ``postgres`` are given. ``key_scope``:
+    the keys' scope for tools that set none (None: the embedded ledger's, or the default);
+    on Kafka the executors must scope keys alike (they refuse other keys)."""
     if kafka is not None and postgres is not None:
+        if key_scope is not None:
+            registry.set_default_key_scope(key_scope)
         return distributed_door(kafka, postgres, topics, registry, security, audit_retention)
     return embedded_door(
         data,
@@ -293,6 +302,7 @@ def open_door(
         cache_entries,
         intents_retention,
         audit_retention,
+        key_scope,
     )
 
 
