@@ -1,8 +1,10 @@
 """The helpdesk's downstream: a small SQLite system that records every real side effect.
 
 It deliberately does *not* deduplicate by idempotency key: a double execution shows up as two
-effects, which is what the tests and the demo count. It can be queried by idempotency key,
-which is what the tools' reconcile hooks do.
+effects, which is what the tests and the demo count (by tenant, tool and key). It can be
+queried by call id, the key the tools forward, which is what their reconcile hooks do: unlike
+the caller's key it names one call whatever the key scope (under "tenant+principal", two
+principals' calls may share a key).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from schemas.keys import CallKey
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS effects (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     tenant_id TEXT NOT NULL, tool TEXT NOT NULL, idempotency_key TEXT NOT NULL,
-    resource_id TEXT NOT NULL, data TEXT NOT NULL);
+    resource_id TEXT NOT NULL, data TEXT NOT NULL, call_id TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS effects_by_key ON effects (tenant_id, tool, idempotency_key);
 CREATE TABLE IF NOT EXISTS tickets (
     ticket_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, title TEXT NOT NULL,
@@ -53,7 +57,31 @@ class HelpdeskStore:
         )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_DDL)
+        self._add_call_ids()
+        self._conn.execute("CREATE INDEX IF NOT EXISTS effects_by_call ON effects (call_id)")
         self._lock = threading.Lock()
+
+    def _add_call_ids(self) -> None:
+        """A store made before effects named their call: its keys were the tenant's, so each
+        effect's call id is its tenant-scoped key's."""
+        self._conn.execute("BEGIN IMMEDIATE")  # all or nothing: a column half filled stays ''
+        try:
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(effects)")}
+            if "call_id" not in columns:
+                self._conn.execute(
+                    "ALTER TABLE effects ADD COLUMN call_id TEXT NOT NULL DEFAULT ''"
+                )
+                rows = self._conn.execute(
+                    "SELECT seq, tenant_id, tool, idempotency_key FROM effects"
+                ).fetchall()
+                self._conn.executemany(
+                    "UPDATE effects SET call_id = ? WHERE seq = ?",
+                    [(CallKey(t, tool, key).call_id, seq) for seq, t, tool, key in rows],
+                )
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self._conn.close()
@@ -63,6 +91,7 @@ class HelpdeskStore:
         tenant_id: str,
         tool: str,
         key: str,
+        call_id: str,
         resource_id: str,
         data: str,
         ticket: tuple[str, str, str] | None = None,
@@ -81,9 +110,9 @@ class HelpdeskStore:
                 if deadline is not None and datetime.now(UTC) > deadline:
                     raise DeadlineExceeded(f"{tool}: the request arrived after its deadline")
                 cur = self._conn.execute(
-                    "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (tenant_id, tool, key, resource_id, data),
+                    "INSERT INTO effects (tenant_id, tool, idempotency_key, call_id, resource_id, "
+                    "data) VALUES (?, ?, ?, ?, ?, ?)",
+                    (tenant_id, tool, key, call_id, resource_id, data),
                 )
                 if ticket is not None:
                     title, body, priority = ticket
@@ -97,12 +126,11 @@ class HelpdeskStore:
                 raise
             return int(cur.lastrowid or 0)
 
-    def find(self, tenant_id: str, tool: str, key: str) -> tuple[str, str] | None:
-        """The first effect recorded under this key: ``(resource_id, data)``."""
+    def find(self, call_id: str) -> tuple[str, str] | None:
+        """The first effect recorded for this call: ``(resource_id, data)``."""
         row = self._conn.execute(
-            "SELECT resource_id, data FROM effects WHERE tenant_id = ? AND tool = ? AND "
-            "idempotency_key = ? ORDER BY seq LIMIT 1",
-            (tenant_id, tool, key),
+            "SELECT resource_id, data FROM effects WHERE call_id = ? ORDER BY seq LIMIT 1",
+            (call_id,),
         ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
 
@@ -143,7 +171,13 @@ class HelpdeskStore:
         ]
 
     def close_ticket(
-        self, tenant_id: str, ticket_id: str, key: str, *, deadline: datetime | None = None
+        self,
+        tenant_id: str,
+        ticket_id: str,
+        key: str,
+        call_id: str,
+        *,
+        deadline: datetime | None = None,
     ) -> bool:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -156,9 +190,9 @@ class HelpdeskStore:
                 )
                 if cur.rowcount:
                     self._conn.execute(
-                        "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data)"
-                        " VALUES (?, 'close_ticket', ?, ?, '{}')",
-                        (tenant_id, key, ticket_id),
+                        "INSERT INTO effects (tenant_id, tool, idempotency_key, call_id, "
+                        "resource_id, data) VALUES (?, 'close_ticket', ?, ?, ?, '{}')",
+                        (tenant_id, key, call_id, ticket_id),
                     )
                 self._conn.execute("COMMIT")
             except BaseException:
