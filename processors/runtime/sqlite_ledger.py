@@ -162,10 +162,10 @@ class SqliteLedger:
     ) -> None:
         """Open the ledger at ``path``. ``create``: True to make it if it does not exist, False
         never to, None (default) only in a new, empty directory. ``key_scope``: the scope of
-        the tools' keys, recorded when the ledger is made (None: :data:`DEFAULT_KEY_SCOPE`) and
-        kept for its life (:attr:`key_scope`); another one asked of an existing ledger is
-        refused. Raises :class:`LedgerFileError` (one line naming the file) and then has
-        written nothing."""
+        the tools' keys, recorded when the ledger is made (None: :data:`DEFAULT_KEY_SCOPE`; a
+        ledger made before scopes were recorded: "tenant", as its keys are) and kept for its
+        life (:attr:`key_scope`); another one asked of an existing ledger is refused. Raises
+        :class:`LedgerFileError` (one line naming the file) and then has written nothing."""
         self.read_model = read_model
         self.path = Path(path)
         new = must_create(self.path, create)  # before the lock: a refusal leaves no trace
@@ -177,7 +177,8 @@ class SqliteLedger:
                 check_identity(self.path, self._check_format(key_scope))
             try:
                 self._writes = self._open(synchronous)
-                self.partitions = self._init_meta(partitions, key_scope or DEFAULT_KEY_SCOPE)
+                kept = DEFAULT_KEY_SCOPE if new else KeyScope.TENANT  # as _check_format
+                self.partitions = self._init_meta(partitions, key_scope or kept)
                 self.key_scope = KeyScope(_meta(self._writes, self.path, "key_scope"))
                 self.epoch = self._bump_epoch()
                 self.conn = _connect(self.path, synchronous)
@@ -245,10 +246,11 @@ class SqliteLedger:
                 f"{self.path} has format {row[0] if row else None!r}, "
                 f"expected {FORMAT!r}; it was left untouched"
             )
-        # a ledger made before key scopes were recorded takes the one asked (or the default)
-        if key_scope is not None and scoped is not None and scoped[0] != key_scope.value:
+        # a ledger made before key scopes were recorded made its keys the tenant's
+        recorded = KeyScope.TENANT.value if scoped is None else scoped[0]
+        if key_scope is not None and recorded != key_scope.value:
             raise LedgerFileError(
-                f"{self.path} scopes keys by {scoped[0]}, not {key_scope.value}: a ledger keeps "
+                f"{self.path} scopes keys by {recorded}, not {key_scope.value}: a ledger keeps "
                 "the key scope it was made with (its keys would name other calls); leave "
                 "--key-scope out or make a new ledger. It was left untouched"
             )
