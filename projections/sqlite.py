@@ -188,6 +188,9 @@ class SqliteReadModel:
         drop(conn)
 
 
+CAUGHT_UP_WAIT_S = 2.0  # how long a read of the audit trail waits for the read model, at most
+
+
 class SqliteCalls(search.CallReads, governance.GovernanceReads):
     """The read side (:class:`schemas.calls.CallQueries`) over the embedded projection."""
 
@@ -200,14 +203,18 @@ class SqliteCalls(search.CallReads, governance.GovernanceReads):
         *,
         path: Path | None = None,
         moved: Callable[[float], Awaitable[None]] | None = None,
+        caught_up: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         """``conn``: the ledger's connection, for the indexed lookups by id and key. With the
         ledger file's ``path``, the governance views (approvals, stats, switches, budgets),
         which scan the audit trail, are read in a thread on a read-only connection of their
         own, so a large ledger never stalls the event loop (WAL: readers do not block the
         writer). ``moved``: returns when the ledger derives its read model further (else
-        :meth:`moved` waits its timeout out)."""
+        :meth:`moved` waits its timeout out). ``caught_up``: returns once the read model holds
+        the events written so far (bounded): the audit trail and the governance views are read
+        after it, so a caller reads the events that answered it."""
         self._moved = moved
+        self._caught_up = caught_up
         self._conn = conn
         self._path = path
         self._reader: sqlite3.Connection | None = None
@@ -223,7 +230,14 @@ class SqliteCalls(search.CallReads, governance.GovernanceReads):
         """On the ledger's connection: an indexed lookup never stalls the event loop long."""
         return self._rows(self._conn, *query)
 
+    async def events(self, tenant_id: str, call_id: str) -> list[dict[str, Any]] | None:
+        if self._caught_up is not None:
+            await self._caught_up(CAUGHT_UP_WAIT_S)
+        return await super().events(tenant_id, call_id)
+
     async def _read(self, *queries: Query) -> list[list[dict[str, Any]]]:
+        if self._caught_up is not None:
+            await self._caught_up(CAUGHT_UP_WAIT_S)
         if self._path is None:
             # no await between them: nothing is written in between, one snapshot
             return [self._rows(self._conn, sql, params) for sql, params in queries]

@@ -105,7 +105,12 @@ class EmbeddedLedger:
     def queries(self) -> SqliteCalls:
         """The read side over this ledger's file (close it when done)."""
         assert self.file is not None and self.runtime is not None, "start() the ledger first"
-        return SqliteCalls(self.file.conn, path=self.path, moved=self.runtime.derived)
+        return SqliteCalls(
+            self.file.conn,
+            path=self.path,
+            moved=self.runtime.derived,
+            caught_up=self.runtime.caught_up,
+        )
 
     def writable(self) -> bool:
         """Whether the ledger can commit now: the last write succeeded, and a probe write

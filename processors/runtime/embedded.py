@@ -313,6 +313,19 @@ class EmbeddedRuntime:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._derived_signal.wait(), timeout_s)
 
+    async def caught_up(self, timeout_s: float) -> None:
+        """Returns once the read model holds every event written before this call (a read
+        of the audit trail sees the writes that answered its caller), or after ``timeout_s``
+        (a read model that cannot be derived, e.g. on a full disk, is read as it is)."""
+        target = self.ledger.last_seq
+        deadline = time.monotonic() + timeout_s
+        while self.ledger.derived < target:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # in short steps: a move between the check and the wait is not waited for
+            await self.derived(min(left, 0.02))
+
     # -- health ---------------------------------------------------------------------------
 
     def writable(self) -> bool:
