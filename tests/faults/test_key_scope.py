@@ -158,7 +158,7 @@ async def _shared_key_story(server: Server) -> None:
 def _serve(data: Path, tokens: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """``toolledger serve`` that is expected to refuse to start."""
     command = [sys.executable, "-m", "toolledger.cli", "serve", "--port", "0"]
-    command += ["--data", str(data), "--tokens", str(tokens), "--demo", *extra]
+    command += ["--data", str(data), "--tokens", str(tokens), *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
