@@ -177,7 +177,6 @@ def executor(
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     intents_retention: options.TopicIntentsRetentionOption = "7d",
     key_retention: options.KeyRetentionOption = None,
-    key_scope: options.KeyScopeOption = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -214,7 +213,6 @@ def executor(
             key_retention=key_retention,
             state_dir=state_dir,
             cache_entries=cache_entries,
-            key_scope=options.key_scope(key_scope),
         )
         source.make_store()  # written once every check passed
     except ConfigError as exc:
@@ -663,7 +661,6 @@ def serve(
     ] = 3,
     create: CreateOption = False,
     key_retention: options.KeyRetentionOption = None,
-    key_scope: options.KeyScopeOption = None,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -735,7 +732,6 @@ def serve(
             shutdown_timeout_s=shutdown_timeout_s,
             cache_entries=cache_entries,
             key_retention=key_retention,
-            key_scope=options.key_scope(key_scope),
             intents_retention=intents_retention,
             audit_retention=audit_retention,
         )

@@ -1,6 +1,5 @@
 """``GET /v1/tools``: the registered tools' manifests (what they do, their effect and risk,
-their arguments and result schemas, each with its key retention and key scope), and the
-ledger's default key retention and key scope."""
+their arguments and result schemas), and the ledger's default key retention."""
 
 from __future__ import annotations
 
@@ -25,6 +24,5 @@ async def list_tools(door: Door, context: Caller) -> Response:
         "next_cursor": None,
         "key_retention": door.key_retention,
         "key_retention_seconds": door.key_retention_seconds,
-        "key_scope": door.key_scope,
     }
     return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
