@@ -713,19 +713,17 @@ def serve(
     from producers.http.door_state import RunBudget
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
-    from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
     # nothing is written before every check passed: no --data left behind by a refusal
     source = ToolSource(tools, demo, data / "helpdesk.db")
     try:
         registry = source.load()
         token_store = TokenStore.load(tokens)
-        settings = LedgerSettings.of(
-            backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
-            path=data / "ledger.db",
-            create=options.creates(data, create, embedded=kafka is None),
-            kafka=kafka or DEFAULT_KAFKA,
-            postgres=postgres,
+        settings = options.door_settings(
+            data,
+            create,
+            kafka,
+            postgres,
             prefix=prefix,
             partitions=partitions,
             approval_request_ttl=timedelta(seconds=approval_request_ttl_s),

@@ -215,9 +215,8 @@ def register_mcp_command(app: typer.Typer) -> None:
         from processors.runtime.sqlite_ledger import LedgerFileError
         from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
-        from toolledger.config import DEFAULT_KAFKA, ConfigError, ToolSource
+        from toolledger.config import ConfigError, ToolSource
         from toolledger.heap import releasing_free_memory
-        from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")
@@ -246,12 +245,11 @@ def register_mcp_command(app: typer.Typer) -> None:
                 algorithms=security.jwt_algorithms,
                 claims=security.jwt_claims,
             )
-            settings = LedgerSettings.of(
-                backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
-                path=data / "ledger.db",
-                create=options.creates(data, create, embedded=kafka is None),
-                kafka=kafka or DEFAULT_KAFKA,
-                postgres=postgres,
+            settings = options.door_settings(
+                data,
+                create,
+                kafka,
+                postgres,
                 prefix=prefix,
                 partitions=partitions,
                 key_retention=key_retention,

@@ -17,6 +17,7 @@ from toolledger.config import ConfigError
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
     from producers.http.auth import TokenStore
     from toolledger.serve import Security
+    from toolledger.settings import LedgerSettings
 
 JWT_PANEL = "JWT bearer tokens"
 DISTRIBUTED_PANEL = "Distributed mode (Kafka + PostgreSQL)"
@@ -126,6 +127,26 @@ CreateOption = Annotated[
         "or the helpdesk store, are there): a missing ledger is never re-created.",
     ),
 ]
+
+
+def door_settings(
+    data: Path, create: bool, kafka: str | None, postgres: str | None, **given: Any
+) -> LedgerSettings:
+    """The settings of a front door (``serve``, ``mcp``) from its options: the embedded ledger
+    in ``data`` unless both ``--kafka`` and ``--postgres`` are given; ``given``: the other
+    fields of :class:`~toolledger.settings.LedgerSettings` (:class:`ConfigError` if one is
+    wrong, or if ``--create`` is refused: :func:`creates`)."""
+    from toolledger.config import DEFAULT_KAFKA
+    from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
+
+    return LedgerSettings.of(
+        backend=EMBEDDED if kafka is None or postgres is None else KAFKA,
+        path=data / "ledger.db",
+        create=creates(data, create, embedded=kafka is None),
+        kafka=kafka or DEFAULT_KAFKA,
+        postgres=postgres,
+        **given,
+    )
 
 
 def creates(data: Path, create: bool, *, embedded: bool) -> bool | None:
