@@ -114,7 +114,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.keys import CallKey
+from schemas.keys import call_key_of
 from schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.executor")
@@ -736,7 +736,7 @@ class Executor:
         self, item: _Input, record: ApprovalGranted | ApprovalDenied, work: _Pass
     ) -> None:
         env = record.envelope
-        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+        if not _consistent(env):
             self._emit(
                 [_refusal(record, "The decision's call key does not match it.")],
                 item.partition,
@@ -751,8 +751,10 @@ class Executor:
         """A refusal the front door gave itself (rate limit, switch, run budget, scope): into
         the audit trail as it is. It changes no call state: the key stays unused."""
         env = refusal.envelope
+        key = call_key_of(env.call_key)
         consistent = (
-            env.call_key == str(CallKey(env.tenant_id, env.tool, env.idempotency_key))
+            key is not None
+            and key.sent_by(env.tenant_id, env.tool, env.idempotency_key, env.principal)
             and env.event_id == f"{env.intent_id}/rejected/1"
         )
         if not consistent:  # never recorded under another call's key
@@ -1175,8 +1177,11 @@ def _key_of(item: _Work) -> str | None:
 
 
 def _consistent(env: Envelope) -> bool:
-    """Whether a record's call key is its own (never trust it: it decides whose state)."""
-    return env.call_key == str(CallKey(env.tenant_id, env.tool, env.idempotency_key))
+    """Whether a record's call key is its own (never trust it: it decides whose state): of
+    its tenant, tool and key, of whichever principal (a decision or a job's report is sent by
+    another principal than the call's)."""
+    key = call_key_of(env.call_key)
+    return key is not None and key.names(env.tenant_id, env.tool, env.idempotency_key)
 
 
 def _refusal(record: Inbound, message: str) -> ToolCallRejected:

@@ -73,7 +73,12 @@ from schemas.events import (
     ToolCallSucceeded,
 )
 from schemas.governance import approval_id_for
-from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.keys import (
+    InvalidIdempotencyKey,
+    call_id_for,
+    call_key_of,
+    check_idempotency_key,
+)
 from schemas.nesting import NestingTooDeep, check_text_depth
 
 log = logging.getLogger("toolledger.executor")
@@ -126,12 +131,23 @@ class Stages:
                 field_errors=list(fields),
             )
 
-        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+        key = call_key_of(env.call_key)
+        if key is None or not key.sent_by(
+            env.tenant_id, env.tool, env.idempotency_key, env.principal
+        ):
             # never trust the record's call key: it decides whose stored outcome answers
             return reject(ErrorCode.VALIDATION_FAILED, "The intent's call key does not match it.")
         tool = self.registry.get(env.tool)
         if tool is None:
             return reject(ErrorCode.TOOL_NOT_FOUND, f"There is no tool named {env.tool!r}.")
+        scope = self.registry.key_scope(tool)
+        if key.scope is not scope:  # a front door of another setting: keys must not split
+            return reject(
+                ErrorCode.INTERNAL,
+                f"The front door scoped this call's key by {key.scope.value}, the executor "
+                f"scopes {tool.name}'s keys by {scope.value}: the front doors and the "
+                "executors of a ledger need the same key scope (--key-scope) and tools.",
+            )
         size = len(intent.arguments_json.encode("utf-8"))
         if size > self.max_argument_bytes:
             return reject(
@@ -262,7 +278,8 @@ class Stages:
         """The tool and the context a job record's answer is stamped with: the call's own
         (its digest, its tool version) under the record's intent id."""
         env = record.envelope
-        if env.call_key != str(CallKey(env.tenant_id, env.tool, env.idempotency_key)):
+        key = call_key_of(env.call_key)
+        if key is None or not key.names(env.tenant_id, env.tool, env.idempotency_key):
             return refusal(env, "The job record's call key does not match it.")
         tool = self.registry.get(env.tool)
         if tool is None or tool.effect is not EffectClass.LONG_RUNNING:

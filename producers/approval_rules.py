@@ -20,6 +20,9 @@ principal who asked, without the confirming scope too (refusing runs nothing). N
 another tenant's request but a global operator (``operator:global``): the HTTP API does not
 even find it, and these rules refuse it for the front ends that hold the request in hand (the
 SDK's in-process decisions).
+
+Who reads a call of the tenant follows its key's scope (:func:`reads`): a call whose key is
+scoped by principal is read by that principal and the tenant's operators only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import replace
 from producers.client import TrustedContext
 from schemas.calls import ApprovalView
 from schemas.errors import ErrorCode, ErrorInfo
+from schemas.keys import call_key_of
 
 OPERATOR = "operator"
 GLOBAL_OPERATOR = "operator:global"
@@ -37,6 +41,20 @@ CONFIRM = "approvals:confirm"  # a user's own credential: confirms what their ag
 
 def is_operator(context: TrustedContext) -> bool:
     return OPERATOR in context.scopes or GLOBAL_OPERATOR in context.scopes
+
+
+def reader_of(context: TrustedContext) -> str | None:
+    """Whose calls ``context`` reads among its tenant's: an operator every call (None), any
+    other caller the tenant's and its own (``CallFilter.reader``), so that a call whose key is
+    scoped by principal is nobody else's to read."""
+    return None if is_operator(context) else context.principal
+
+
+def reads(context: TrustedContext, call_key: str) -> bool:
+    """Whether ``context`` may read the call of ``call_key`` of its tenant (see
+    :func:`reader_of`; a view that knows no key, such as a read's, is the tenant's)."""
+    key = call_key_of(call_key)
+    return is_operator(context) or key is None or key.visible_to(context.principal)
 
 
 def is_requester(context: TrustedContext, view: ApprovalView) -> bool:

@@ -32,7 +32,7 @@ from producers.client import CallResult, TransportError, TrustedContext
 from schemas.calls import ApprovalView
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import ApprovalRequested, Event, ToolCallRejected
-from schemas.keys import CallKey
+from schemas.keys import call_id_of
 
 __all__ = [
     "Approvals",
@@ -95,7 +95,7 @@ def _view_of(event: ApprovalRequested) -> ApprovalView:
     return ApprovalView(
         approval_id=event.approval_id,
         call_key=env.call_key,
-        call_id=CallKey(env.tenant_id, env.tool, env.idempotency_key).call_id,
+        call_id=call_id_of(env.call_key),
         tenant_id=env.tenant_id,
         tool=env.tool,
         idempotency_key=env.idempotency_key,

@@ -40,8 +40,10 @@ from schemas.events import (
 )
 from schemas.governance import token_digest
 from schemas.keys import (
+    DEFAULT_KEY_SCOPE,
     CallKey,
     InvalidIdempotencyKey,
+    KeyScope,
     call_id_for,
     check_idempotency_key,
     random_id,
@@ -58,6 +60,13 @@ MAX_REFUSALS_IN_FLIGHT = 256
 
 # (call_id, intent_id) -> whether another intent with the same arguments holds the key, running
 QueuedProbe = Callable[[str, str], Awaitable[bool]]
+# a tool's name -> the scope of its keys (the executor's must agree: it refuses other keys)
+KeyScopes = Callable[[str], KeyScope]
+
+
+def default_key_scopes(_tool: str) -> KeyScope:
+    """Every tool's keys scoped as a new ledger's are (:data:`DEFAULT_KEY_SCOPE`)."""
+    return DEFAULT_KEY_SCOPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +171,12 @@ class LedgerClient:
         *,
         default_wait_s: float = DEFAULT_WAIT_S,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        key_scopes: KeyScopes = default_key_scopes,
     ) -> None:
+        """``key_scopes``: the scope of each tool's keys, as the executor has them (the
+        composition root hands the registry's ``key_scope_of``)."""
         self._transport = transport
+        self.key_scopes = key_scopes
         self._default_wait_s = default_wait_s
         self._max_argument_bytes = max_argument_bytes
         self._refusals: set[asyncio.Task[None]] = set()
@@ -191,7 +204,7 @@ class LedgerClient:
         :meth:`_decided`). Refusals and replays are answered whatever the wait.
         """
         key = idempotency_key or ""
-        call_key = str(CallKey(context.tenant_id, tool, key))
+        call_key = self.call_key(context, tool, key)
         intent_id = random_id()
         call_id = call_id_for(call_key, key, intent_id)
         if idempotency_key is not None:
@@ -235,7 +248,9 @@ class LedgerClient:
                 call_id,
             )
         intent = ToolCallRequested(
-            envelope=_envelope(context, tool, key, f"{intent_id}/requested/1", run_id, step_id),
+            envelope=_envelope(
+                context, call_key, tool, key, f"{intent_id}/requested/1", run_id, step_id
+            ),
             arguments_json=arguments_json,
             scopes=sorted(context.scopes),
             # only the token's digest travels: the raw token is in no log, not even this one
@@ -263,6 +278,13 @@ class LedgerClient:
             return await self._decided(waiter, call_id, intent_id, queued)
         finally:
             hub.forget(intent_id, waiter)
+
+    def call_key(self, context: TrustedContext, tool: str, idempotency_key: str) -> str:
+        """The call key of ``context``'s call of ``tool`` under ``idempotency_key``, in the
+        tool's key scope."""
+        scope = self.key_scopes(tool)
+        key = CallKey.scoped(scope, context.tenant_id, context.principal, tool, idempotency_key)
+        return str(key)
 
     async def _decided(
         self, waiter: Waiter, call_id: str, intent_id: str, queued: QueuedProbe | None
@@ -330,8 +352,10 @@ class LedgerClient:
             return
         key = idempotency_key or ""
         event_id = f"{random_id()}/rejected/1"
+        call_key = self.call_key(context, tool, key)
         record = ToolCallRejected(
-            envelope=_envelope(context, tool, key, event_id, run_id, step_id), error=error
+            envelope=_envelope(context, call_key, tool, key, event_id, run_id, step_id),
+            error=error,
         )
         task = asyncio.create_task(self._send_refusal(record))
         self._refusals.add(task)
@@ -369,6 +393,7 @@ def job_record(
     kind: str,
     *,
     context: TrustedContext,
+    call_key: str,
     tool: str,
     idempotency_key: str,
     status: str = "running",
@@ -377,9 +402,12 @@ def job_record(
     error: ErrorInfo | None = None,
 ) -> ToolCallJobReported | ToolCallJobCancelRequested:
     """A job's report (``kind="report"``) or cancellation (``"cancel"``) for the intents
-    stream, in the partition of the call's key; the executor decides it against the call."""
+    stream, in the partition of the call's key (``call_key``: the call's, as the read side
+    has it); the executor decides it against the call."""
     intent_id = random_id()
-    env = _envelope(context, tool, idempotency_key, f"{intent_id}/job-{kind}/1", None, None)
+    env = _envelope(
+        context, call_key, tool, idempotency_key, f"{intent_id}/job-{kind}/1", None, None
+    )
     if kind == "cancel":
         return ToolCallJobCancelRequested(envelope=env)
     result_json = (
@@ -396,6 +424,7 @@ def job_record(
 
 def _envelope(
     context: TrustedContext,
+    call_key: str,
     tool: str,
     key: str,
     event_id: str,
@@ -406,7 +435,7 @@ def _envelope(
     the executor fills in the tool version and the args digest."""
     return Envelope(
         event_id=event_id,
-        call_key=str(CallKey(context.tenant_id, tool, key)),
+        call_key=call_key,
         tenant_id=context.tenant_id,
         tool=tool,
         tool_version="",

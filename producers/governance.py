@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +24,7 @@ from schemas.events import (
     ToolEnabled,
 )
 from schemas.governance import token_digest
-from schemas.keys import CallKey
+from schemas.keys import call_id_of
 
 DEFAULT_TOKEN_TTL = timedelta(minutes=10)
 MAX_REASON_CHARS = 1000
@@ -41,6 +41,7 @@ class ApprovalTarget:
     idempotency_key: str
     args_digest: str
     run_id: str | None = None
+    call_key: str = field(kw_only=True)  # the call's, in its key's scope (its principal's)
 
     @classmethod
     def of(cls, view: ApprovalView) -> ApprovalTarget:
@@ -52,6 +53,21 @@ class ApprovalTarget:
             view.idempotency_key,
             view.args_digest,
             view.run_id,
+            call_key=view.call_key,
+        )
+
+    @classmethod
+    def of_request(cls, event: ApprovalRequested) -> ApprovalTarget:
+        """The call of an approval request as the event that opened it names it."""
+        env = event.envelope
+        return cls(
+            event.approval_id,
+            env.tenant_id,
+            env.tool,
+            env.idempotency_key,
+            env.args_digest,
+            env.run_id,
+            call_key=env.call_key,
         )
 
 
@@ -116,7 +132,7 @@ def _call_envelope(
     return _envelope(
         intent_id,
         kind,
-        call_key=str(CallKey(target.tenant_id, target.tool, target.idempotency_key)),
+        call_key=target.call_key,
         tenant_id=target.tenant_id,
         tool=target.tool,
         idempotency_key=target.idempotency_key,
@@ -164,5 +180,5 @@ def approval_request_json(event: ApprovalRequested) -> dict[str, Any]:
         "approver_kind": impact.get("approver_kind", "operator"),
         "status": "pending",
         "expires_at": event.expires_at.isoformat(),
-        "call_id": CallKey(env.tenant_id, env.tool, env.idempotency_key).call_id,
+        "call_id": call_id_of(env.call_key),
     }

@@ -39,7 +39,7 @@ from producers.client import (
 )
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import GroupAnswer, GroupView
-from schemas.keys import CallKey, InvalidIdempotencyKey, call_id_for, check_idempotency_key
+from schemas.keys import DEFAULT_KEY_SCOPE, CallKey, InvalidIdempotencyKey, check_idempotency_key
 from schemas.nesting import NestingTooDeep
 from schemas.status import CallStatus
 
@@ -106,10 +106,12 @@ class HttpLedgerClient:
         approval_token: str | None = None,
     ) -> CallResult:
         """Run ``tool`` at most once per ``idempotency_key`` on the server; see the module."""
-        call_id = ""
-        if context is not None:
-            call_key = str(CallKey(context.tenant_id, tool, idempotency_key or ""))
-            call_id = call_id_for(call_key, idempotency_key or "", "") if idempotency_key else ""
+        call_id = ""  # the server names the call (in the key's scope), a refusal here too
+        if context is not None and idempotency_key:  # in the scope of a new ledger's keys
+            scoped = CallKey.scoped(
+                DEFAULT_KEY_SCOPE, context.tenant_id, context.principal, tool, idempotency_key
+            )
+            call_id = scoped.call_id
         if idempotency_key is not None:
             try:
                 check_idempotency_key(idempotency_key)
@@ -322,6 +324,7 @@ def _problem_result(status: int, data: dict[str, Any], call_id: str) -> CallResu
         retryable=bool(data.get("retryable")),
         suggested_action=str(data.get("suggested_action", "")),
     )
+    call_id = str(data.get("call_id") or call_id)
     if error.code == ErrorCode.IDEMPOTENCY_KEY_IN_USE or (
         status == 503 and error.code == ErrorCode.INTERNAL
     ):

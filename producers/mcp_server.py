@@ -416,7 +416,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
     manifest = spec.manifest
     meta = {
         f"toolledger.dev/{field}": manifest[field]
-        for field in ("version", "effect", "risk", "key_retention")
+        for field in ("version", "effect", "risk", "key_retention", "key_scope")
         if field in manifest
     }
     return types.Tool(

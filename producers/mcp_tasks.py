@@ -42,6 +42,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from producers.adapters import ToolSpec
+from producers.approval_rules import reads
 from producers.client import CallResult, LedgerClient, TransportError, TrustedContext, job_record
 from schemas.calls import CallQueries, CallView
 from schemas.errors import ErrorCode
@@ -192,7 +193,7 @@ class McpTasks:
         if context is None:
             raise MCPError(types.INVALID_REQUEST, "This session is not authenticated.")
         view = await self.queries.get(context.tenant_id, task_id)
-        if view is None or view.job is None:
+        if view is None or view.job is None or not reads(context, view.call_key):
             raise _unknown_task()
         return view
 
@@ -217,7 +218,11 @@ class McpTasks:
         if view.status not in (CallStatus.PENDING, CallStatus.UNKNOWN):
             return {"resultType": "complete"}
         record = job_record(
-            "cancel", context=context, tool=view.tool, idempotency_key=view.idempotency_key
+            "cancel",
+            context=context,
+            call_key=view.call_key,
+            tool=view.tool,
+            idempotency_key=view.idempotency_key,
         )
         try:
             answer = await self.client.command(record)

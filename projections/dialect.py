@@ -37,6 +37,9 @@ class Dialect:
     # a time parameter compared with a time column of the tables themselves (tool_calls)
     table_time: Callable[[datetime], Any]
     table_exists: str  # one row if the table (or view) the one parameter names exists
+    # the principal a row's call key is scoped to (NULL for a tenant-scoped key): its JSON's
+    # fourth part (schemas.keys.CallKey)
+    key_principal: str
 
 
 def aware(value: datetime) -> datetime:
@@ -76,7 +79,13 @@ SQLITE = Dialect(
     sqlite_time,
     sqlite_table_time,
     "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?",
+    "json_extract(call_key, '$[3]')",
 )
 POSTGRES = Dialect(
-    "%s", ' COLLATE "C"', aware, aware, "SELECT 1 WHERE to_regclass(%s::text) IS NOT NULL"
+    "%s",
+    ' COLLATE "C"',
+    aware,
+    aware,
+    "SELECT 1 WHERE to_regclass(%s::text) IS NOT NULL",
+    "(call_key::json ->> 3)",
 )

@@ -129,12 +129,26 @@ def call_approval_sql(
 ) -> tuple[str, list[Any]]:
     """The latest approval request of one call (a call key asks again with new arguments:
     the newest request is the one that answers it)."""
+    return _latest_approval_sql(d, {"tenant_id": tenant_id, "call_id": call_id}, now)
+
+
+def key_approval_sql(
+    d: Dialect, tenant_id: str, tool: str, idempotency_key: str, now: datetime
+) -> tuple[str, list[Any]]:
+    """The latest approval request under a tool's key, of whichever principal."""
+    where = {"tenant_id": tenant_id, "tool": tool, "idempotency_key": idempotency_key}
+    return _latest_approval_sql(d, where, now)
+
+
+def _latest_approval_sql(
+    d: Dialect, where: Mapping[str, str], now: datetime
+) -> tuple[str, list[Any]]:
+    clauses = " AND ".join(f"{column} = {d.mark}" for column in where)
     sql = (
         f"SELECT {_APPROVAL_COLUMNS}, {_status_at(d)} AS status_at FROM approvals "
-        f"WHERE tenant_id = {d.mark} AND call_id = {d.mark} "
-        f"ORDER BY requested_at DESC, approval_id{d.collate} DESC LIMIT 1"
+        f"WHERE {clauses} ORDER BY requested_at DESC, approval_id{d.collate} DESC LIMIT 1"
     )
-    return sql, [d.time(now), tenant_id, call_id]
+    return sql, [d.time(now), *where.values()]
 
 
 def approvals_sql(
@@ -320,6 +334,13 @@ class GovernanceReads(ABC):
         self, tenant_id: str, call_id: str, *, now: datetime
     ) -> ApprovalView | None:
         (rows,) = await self._read(call_approval_sql(self.dialect, tenant_id, call_id, now))
+        return approval_of(rows[0]) if rows else None
+
+    async def key_approval(
+        self, tenant_id: str, tool: str, idempotency_key: str, *, now: datetime
+    ) -> ApprovalView | None:
+        query = key_approval_sql(self.dialect, tenant_id, tool, idempotency_key, now)
+        (rows,) = await self._read(query)
         return approval_of(rows[0]) if rows else None
 
     async def approvals(

@@ -211,7 +211,7 @@ def rebuilt_rows(
         return []
     times = [at for at in map(appended_at, texts) if at is not None]
     return group_rows(
-        d, meta.tenant_id, group_view(meta, state, times[-1] if times else meta.created_at)
+        d, meta.tenant_id, group_view(meta, state, times[-1] if times else meta.created_at, tools)
     )
 
 

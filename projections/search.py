@@ -27,7 +27,7 @@ from schemas.groups import GroupView
 CALL_SELECT = (
     "SELECT call_id, tenant_id, tool_name, tool_version, idempotency_key, args_digest, status, "
     "result_json, error_json, attempts, run_id, step_id, created_at, updated_at, "
-    "last_event_id, last_intent_id, expired_at, state_json FROM tool_calls"
+    "last_event_id, last_intent_id, expired_at, state_json, call_key FROM tool_calls"
 )
 
 
@@ -50,6 +50,9 @@ def search_sql(
         if value is not None:
             clauses.append(f"{column} {'>' if column == 'call_id' else '='} {d.mark}")
             params.append(value)
+    if where.reader is not None:
+        clauses.append(f"({d.key_principal} IS NULL OR {d.key_principal} = {d.mark})")
+        params.append(where.reader)
     sql = f"{CALL_SELECT} WHERE {' AND '.join(clauses)} ORDER BY call_id LIMIT {int(limit) + 1}"
     return sql, params
 

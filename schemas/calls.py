@@ -49,6 +49,8 @@ class CallView(BaseModel):
     approval: dict[str, Any] | None = None
     last_event_id: str  # internal: not rendered
     last_intent_id: str  # internal: not rendered
+    # internal, not rendered: the call's key (whose call it is, under "tenant+principal")
+    call_key: str = ""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CallView:
@@ -73,6 +75,7 @@ class CallView(BaseModel):
             job=_job_of(row.get("state_json")),
             last_event_id=row["last_event_id"],
             last_intent_id=row["last_intent_id"],
+            call_key=row["call_key"],
         )
 
 
@@ -90,6 +93,9 @@ class CallFilter:
     idempotency_key: str | None = None
     run_id: str | None = None
     status: CallStatus | None = None
+    # only the calls this principal reads (CallView.visible_to): the tenant's, and its own of
+    # keys scoped by principal; None: every call of the tenant (an operator's search)
+    reader: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,6 +483,12 @@ class CallQueries(EvaluationReads, Protocol):
         self, tenant_id: str, call_id: str, *, now: datetime
     ) -> ApprovalView | None:
         """The latest approval request of a call, its status as of ``now``."""
+
+    async def key_approval(
+        self, tenant_id: str, tool: str, idempotency_key: str, *, now: datetime
+    ) -> ApprovalView | None:
+        """The latest approval request under ``tool``'s ``idempotency_key``, of whichever
+        principal (an operator finds a call waiting for a human by its key)."""
 
     async def approvals(
         self,

@@ -1,9 +1,11 @@
-"""Call keys, idempotency-key syntax and Kafka-compatible partitioning.
+"""Call keys, their scope, idempotency-key syntax and Kafka-compatible partitioning.
 
-A call key ``(tenant_id, tool, idempotency_key)`` is the unit of at-most-once. Its bytes are
-the canonical JSON array of the three parts (unambiguous whatever characters the parts hold),
-and they are both the Kafka message key and the input of the partitioner, so one call key
-lives in one partition number of every co-partitioned topic, in Kafka and in the embedded log.
+A call key is the unit of at-most-once: ``(tenant_id, tool, idempotency_key)``, and the
+principal too where the key's scope is ``tenant+principal`` (:class:`KeyScope`). Its bytes are
+the canonical JSON array of its parts (three, or four with the principal: unambiguous whatever
+characters the parts hold), and they are both the Kafka message key and the input of the
+partitioner, so one call key lives in one partition number of every co-partitioned topic, in
+Kafka and in the embedded log.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 
 MAX_KEY_LENGTH = 255
@@ -61,34 +64,112 @@ def derive_idempotency_key(run_id: str, step_id: str) -> str:
     return "step-sha256:" + digest
 
 
+class KeyScope(StrEnum):
+    """Whose keys a key names a call among: the tenant's (any of its principals sending the
+    key and arguments gets the one call's outcome) or each principal's own (the same key from
+    another principal of the tenant is another call)."""
+
+    TENANT = "tenant"
+    TENANT_PRINCIPAL = "tenant+principal"
+
+    @classmethod
+    def parse(cls, text: str) -> KeyScope:
+        """The scope named ``text``; ``ValueError`` naming the two there are."""
+        try:
+            return cls(text)
+        except ValueError:
+            names = " or ".join(repr(s.value) for s in cls)
+            raise ValueError(f"the key scope {text!r} is not one there is: {names}") from None
+
+
+DEFAULT_KEY_SCOPE = KeyScope.TENANT_PRINCIPAL  # what a new ledger scopes keys by
+
+
 @dataclass(frozen=True, slots=True)
 class CallKey:
     tenant_id: str
     tool: str
     idempotency_key: str
+    principal: str | None = None  # whose key it is, under ``tenant+principal``; None: tenant's
+
+    @classmethod
+    def scoped(
+        cls, scope: KeyScope, tenant_id: str, principal: str, tool: str, idempotency_key: str
+    ) -> CallKey:
+        """The call key of ``principal``'s call under ``scope``."""
+        mine = principal if scope is KeyScope.TENANT_PRINCIPAL else None
+        return cls(tenant_id, tool, idempotency_key, mine)
+
+    @property
+    def scope(self) -> KeyScope:
+        return KeyScope.TENANT if self.principal is None else KeyScope.TENANT_PRINCIPAL
 
     def encode(self) -> bytes:
         return str(self).encode("utf-8")
 
     def __str__(self) -> str:
-        parts = (self.tenant_id, self.tool, self.idempotency_key)
+        parts: tuple[str, ...] = (self.tenant_id, self.tool, self.idempotency_key)
+        if self.principal is not None:
+            parts += (self.principal,)
         if all(_JSON_PLAIN.fullmatch(part) for part in parts):  # JSON writes them as they are
             return '["' + '","'.join(parts) + '"]'
         return json.dumps(list(parts), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> CallKey:
-        parts = json.loads(text)
+        """The call key ``str(key)`` wrote; ``ValueError`` for any other text."""
+        try:
+            parts = json.loads(text)
+        except ValueError:
+            parts = None
         if not (
-            isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)
+            isinstance(parts, list)
+            and len(parts) in (3, 4)
+            and all(isinstance(p, str) for p in parts)
         ):
             raise ValueError(f"not a call key: {text!r}")
-        return cls(parts[0], parts[1], parts[2])
+        return cls(*parts)
+
+    def names(self, tenant_id: str, tool: str, idempotency_key: str) -> bool:
+        """Whether this key is of the call ``(tenant_id, tool, idempotency_key)``: in either
+        scope, of whichever principal (an operator's decision or a job's report is sent by
+        another principal than the call's)."""
+        return (self.tenant_id, self.tool, self.idempotency_key) == (
+            tenant_id,
+            tool,
+            idempotency_key,
+        )
+
+    def sent_by(
+        self, tenant_id: str, tool: str, idempotency_key: str, principal: str | None
+    ) -> bool:
+        """Whether this is the key of the caller who sent a record of ``(tenant_id, tool,
+        idempotency_key)`` as ``principal`` (an intent, a front door's refusal): the same
+        parts and, if the key names a principal, the sender's."""
+        return self.names(tenant_id, tool, idempotency_key) and self.principal in (
+            None,
+            principal,
+        )
+
+    def visible_to(self, principal: str) -> bool:
+        """Whether ``principal`` (of the key's tenant) may read the call: every principal may
+        a tenant-scoped call, only its own principal a principal-scoped one."""
+        return self.principal is None or self.principal == principal
 
     @property
     def call_id(self) -> str:
         """Stable public id of the call: the same on every backend and after every replay."""
         return call_id_of(str(self))
+
+
+def call_key_of(text: str) -> CallKey | None:
+    """The call key ``text`` is written as (``str(key)``, its one written form), else None: a
+    key written any other way would name the call's state under another text."""
+    try:
+        key = CallKey.parse(text)
+    except ValueError:
+        return None
+    return key if str(key) == text else None
 
 
 def murmur2(data: bytes) -> int:

@@ -31,14 +31,7 @@ def _request(result: CallResult) -> ApprovalRequested:
 
 
 async def _decide(harness: Harness, request: ApprovalRequested, grant: bool) -> None:
-    target = governance.ApprovalTarget(
-        request.approval_id,
-        request.envelope.tenant_id,
-        request.envelope.tool,
-        request.envelope.idempotency_key,
-        request.envelope.args_digest,
-        request.envelope.run_id,
-    )
+    target = governance.ApprovalTarget.of_request(request)
     now = datetime.now(UTC)
     if grant:
         record, _ = governance.approve(target, "op@acme", now, timedelta(hours=1))

@@ -177,6 +177,7 @@ def executor(
     approval_request_ttl_s: ApprovalRequestTtlOption = 86_400.0,
     intents_retention: options.TopicIntentsRetentionOption = "7d",
     key_retention: options.KeyRetentionOption = None,
+    key_scope: options.KeyScopeOption = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -213,6 +214,7 @@ def executor(
             key_retention=key_retention,
             state_dir=state_dir,
             cache_entries=cache_entries,
+            key_scope=options.key_scope(key_scope),
         )
         source.make_store()  # written once every check passed
     except ConfigError as exc:
@@ -661,6 +663,7 @@ def serve(
     ] = 3,
     create: CreateOption = False,
     key_retention: options.KeyRetentionOption = None,
+    key_scope: options.KeyScopeOption = None,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(
@@ -730,6 +733,7 @@ def serve(
             shutdown_timeout_s=shutdown_timeout_s,
             cache_entries=cache_entries,
             key_retention=key_retention,
+            key_scope=options.key_scope(key_scope),
             intents_retention=intents_retention,
             audit_retention=audit_retention,
         )

@@ -117,7 +117,9 @@ async def _validation(client: LedgerClient, checks: Checks, key: str) -> None:
         impact["irreversible"] is True and impact["cost"] == "19.99 EUR",
         "approval: the request shows the cost and that it cannot be undone",
     )
-    record, token = governance.approve(_target(request), OPERATOR, datetime.now(UTC))
+    record, token = governance.approve(
+        governance.ApprovalTarget.of_request(request), OPERATOR, datetime.now(UTC)
+    )
     granted = await client.command(record)
     checks.expect(isinstance(granted, ApprovalGranted), "approval: the operator approved it")
     good = await client.call(
@@ -138,7 +140,10 @@ async def _denied(client: LedgerClient, checks: Checks, key: str) -> None:
     asked = await client.call("send_email", email, idempotency_key=key, context=AGENT)
     assert isinstance(asked.event, ApprovalRequested)
     record = governance.deny(
-        _target(asked.event), OPERATOR, "Refunds are announced by finance.", datetime.now(UTC)
+        governance.ApprovalTarget.of_request(asked.event),
+        OPERATOR,
+        "Refunds are announced by finance.",
+        datetime.now(UTC),
     )
     checks.expect(
         isinstance(await client.command(record), ApprovalDenied), "denied: the operator said no"
@@ -181,18 +186,6 @@ async def _switch(client: LedgerClient, checks: Checks, key: str) -> None:
     await flip(True)
     done = await client.call("create_ticket", args, idempotency_key=key, context=AGENT)
     checks.expect(done.ok and not done.replayed, "kill switch: back on, the same key runs once")
-
-
-def _target(request: ApprovalRequested) -> governance.ApprovalTarget:
-    env = request.envelope
-    return governance.ApprovalTarget(
-        request.approval_id,
-        env.tenant_id,
-        env.tool,
-        env.idempotency_key,
-        env.args_digest,
-        env.run_id,
-    )
 
 
 async def _transient(client: LedgerClient, checks: Checks, key: str) -> None:

@@ -136,7 +136,10 @@ async def run_executor(
     """Run an executor on the Kafka cluster of ``settings`` until SIGTERM. The deployment's
     recorded key retention is applied to ``registry``, and a ``settings.key_retention`` that
     disagrees refused (:class:`~toolledger.config.ConfigError`,
-    :mod:`toolledger.kafka_settings`)."""
+    :mod:`toolledger.kafka_settings`). ``settings.key_scope`` (else the default) is the scope of
+    the keys of tools that set none: a call whose key is of another scope is refused."""
+    if settings.key_scope is not None:
+        registry.set_default_key_scope(settings.key_scope)
     bootstrap, topics, retention = settings.kafka, settings.topics, settings.intents_retention
     assert retention is not None, "intents need a time retention: they hold raw arguments"
     await ensure_topics(

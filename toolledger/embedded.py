@@ -55,6 +55,7 @@ class EmbeddedLedger:
             self,
             default_wait_s=settings.default_wait_s,
             max_argument_bytes=settings.max_argument_bytes,
+            key_scopes=registry.key_scope_of,
         )
         self.file: SqliteLedger | None = None
         self.runtime: EmbeddedRuntime | None = None
@@ -68,7 +69,9 @@ class EmbeddedLedger:
             partitions=settings.partitions,
             synchronous=settings.synchronous,
             create=settings.create,
+            key_scope=settings.key_scope,
         )
+        self.registry.set_default_key_scope(self.file.key_scope)
         stages = Stages(
             self.registry,
             Redactor(bytes.fromhex(self.file.meta("redaction_secret"))),

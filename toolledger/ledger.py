@@ -228,8 +228,9 @@ class Ledger:
         processes. ``registry`` lists the tools (the executors hold theirs) and, with
         ``postgres`` (the projection's DSN), lets :meth:`run_group` run call groups here, their
         log in PostgreSQL as ``toolledger serve`` keeps it. ``settings``: the other fields of
-        :class:`toolledger.settings.LedgerSettings`. The tools' key retention is the
-        deployment's (:mod:`toolledger.kafka_settings`)."""
+        :class:`toolledger.settings.LedgerSettings` (``key_scope``: as the executors'
+        ``--key-scope`` says; they refuse a call whose key is of another scope). The tools' key
+        retention is the deployment's (:mod:`toolledger.kafka_settings`)."""
         from toolledger.settings import KAFKA, LedgerSettings
 
         chosen = LedgerSettings.of(

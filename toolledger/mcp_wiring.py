@@ -208,6 +208,7 @@ def register_mcp_command(app: typer.Typer) -> None:
         jwt_scopes_claim: JwtScopesClaimOption = None,
         create: CreateOption = False,
         key_retention: options.KeyRetentionOption = None,
+        key_scope: options.KeyScopeOption = None,
     ) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
@@ -253,6 +254,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 prefix=prefix,
                 partitions=partitions,
                 key_retention=key_retention,
+                key_scope=options.key_scope(key_scope),
             )
             if kafka is None:  # written only once every check passed
                 data.mkdir(parents=True, exist_ok=True)

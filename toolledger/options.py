@@ -12,6 +12,7 @@ from typer.core import TyperCommand
 
 from processors.runtime.ledger_file import LedgerFileError, must_create, traces
 from processors.toolsets.helpdesk import holds_effects
+from schemas.keys import KeyScope
 from toolledger.config import ConfigError
 
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
@@ -186,6 +187,28 @@ KeyRetentionOption = Annotated[
         "to start): a process whose option disagrees refuses to start.",
     ),
 ]
+
+
+KeyScopeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key-scope",
+        help="Whose keys an idempotency key names a call among, for tools that set none: "
+        "'tenant' (any principal of the tenant sending the key and the same arguments gets "
+        "that call's outcome) or 'tenant+principal' (each principal's keys are its own). "
+        "Default: the embedded ledger's, recorded when it was made (tenant+principal for a new "
+        "one; another one is refused); on Kafka tenant+principal, and serve and executor must "
+        "say the same (the executor refuses keys of another scope).",
+    ),
+]
+
+
+def key_scope(text: str | None) -> KeyScope | None:
+    """``--key-scope`` (None if not given); :class:`ConfigError` naming the two scopes."""
+    try:
+        return None if text is None else KeyScope.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"--key-scope: {exc}") from None
 
 
 TopicIntentsRetentionOption = Annotated[

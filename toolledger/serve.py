@@ -129,7 +129,8 @@ class Security:
             ready: Callable[[], Awaitable[dict[str, bool]]],
         ) -> FrontDoor:
             # the tools as they are when the door opens (on Kafka, with the deployment's key
-            # retention, read from its settings topic after this check)
+            # retention, read from its settings topic after this check; an embedded file keeps
+            # its key scope)
             return FrontDoor(
                 client,
                 queries,
@@ -143,6 +144,7 @@ class Security:
                 approval_token_ttl=self.approval_token_ttl,
                 key_retention=describe(registry.default_key_retention),
                 key_retention_seconds=seconds_of(registry.default_key_retention),
+                key_scope=registry.default_key_scope.value,
             )
 
         return door

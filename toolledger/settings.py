@@ -21,6 +21,7 @@ from processors.key_cache import DEFAULT_CACHE_ENTRIES
 from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, DEFAULT_MAX_ARGUMENT_BYTES
 from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from processors.tools.retention import FOREVER, KeyRetention, parse_retention
+from schemas.keys import KeyScope
 from schemas.topics import Topics
 from toolledger.config import DEFAULT_KAFKA, ConfigError
 
@@ -59,6 +60,10 @@ class LedgerSettings(BaseModel):
     state_dir: Path | None = None  # Kafka: the local stores of owned partitions
     approval_request_ttl: timedelta = DEFAULT_APPROVAL_REQUEST_TTL
     max_argument_bytes: int = Field(default=DEFAULT_MAX_ARGUMENT_BYTES, ge=1)
+    # the scope of the keys of tools that set none: embedded, recorded in a new ledger's file
+    # (None: the file's, or DEFAULT_KEY_SCOPE for a new one); Kafka: what the executors apply
+    # and the front doors send (None: DEFAULT_KEY_SCOPE)
+    key_scope: KeyScope | None = None
 
     # what is kept, for how long (None: forever)
     key_retention: KeyRetention | None = None  # None: the registry's default (24h)
@@ -73,6 +78,11 @@ class LedgerSettings(BaseModel):
     @classmethod
     def _key_retention(cls, value: Any) -> Any:
         return parse_retention(value) if isinstance(value, str) else value
+
+    @field_validator("key_scope", mode="before")
+    @classmethod
+    def _key_scope(cls, value: Any) -> Any:
+        return KeyScope.parse(value) if isinstance(value, str) else value
 
     @field_validator("intents_retention", "audit_retention", mode="before")
     @classmethod

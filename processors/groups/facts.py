@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from schemas.errors import FieldError
+from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
 
 __all__ = [
     "Compensation",
@@ -70,6 +71,10 @@ class StepTool(Protocol):
     def scopes(self) -> frozenset[str]:
         """The scopes a caller needs to call it (a group's submitter needs its steps')."""
 
+    @property
+    def key_scope(self) -> KeyScope:
+        """Whose keys its call keys are scoped by (the step's call id is in that scope)."""
+
     def validate(self, arguments: Mapping[str, Any]) -> Sequence[FieldError]:
         """Field errors of ``arguments`` (locs relative to them, ``"$"`` for the whole)."""
 
@@ -87,6 +92,7 @@ class ToolFacts:
     irreversible: bool = False
     compensation: Compensation | None = None
     scopes: frozenset[str] = frozenset()
+    key_scope: KeyScope = DEFAULT_KEY_SCOPE
 
     def validate(self, arguments: Mapping[str, Any]) -> Sequence[FieldError]:
         return self.validator(arguments)
@@ -100,8 +106,9 @@ class ToolFacts:
         irreversible: bool = False,
         compensation: Compensation | None = None,
         scopes: frozenset[str] = frozenset(),
+        key_scope: KeyScope = DEFAULT_KEY_SCOPE,
     ) -> ToolFacts:
-        return cls(model_validator(model), keyed, irreversible, compensation, scopes)
+        return cls(model_validator(model), keyed, irreversible, compensation, scopes, key_scope)
 
 
 def field_errors(exc: ValidationError) -> list[FieldError]:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from processors.groups.codec import completion_json
 from processors.groups.core import GroupFinished, GroupState, StepStatus, step_status
 from processors.groups.definition import compensation_key, step_key
+from processors.groups.facts import StepTool
 from schemas.groups import CompensationView, GroupStepView, GroupView
-from schemas.keys import CallKey, call_id_of
+from schemas.keys import DEFAULT_KEY_SCOPE, CallKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,23 +27,32 @@ class GroupMeta:
     created_at: datetime
 
 
-def group_view(meta: GroupMeta, state: GroupState, updated_at: datetime) -> GroupView:
+def group_view(
+    meta: GroupMeta, state: GroupState, updated_at: datetime, tools: Mapping[str, StepTool]
+) -> GroupView:
+    """``tools``: the tools' facts, for the key scope of each call's key (a compensating tool
+    need not be a step's)."""
     definition = state.definition
+
+    def call_id(tool: str, key: str) -> str:
+        facts = tools.get(tool)
+        scope = DEFAULT_KEY_SCOPE if facts is None else facts.key_scope
+        return CallKey.scoped(scope, meta.tenant_id, meta.principal, tool, key).call_id
+
     steps = []
     for step in definition.steps:
         record = state.step(step.id)
         status = step_status(state, step.id)
-        call_id = None
+        step_call = None
         if record.call.started and step.facts.keyed:
-            key = step_key(meta.group_key, step.id)
-            call_id = call_id_of(str(CallKey(meta.tenant_id, step.tool, key)))
+            step_call = call_id(step.tool, step_key(meta.group_key, step.id))
         compensation = None
         spec = step.facts.compensation
         if spec is not None and record.compensation.started:
             key = compensation_key(meta.group_key, step.id)
             compensation = CompensationView(
                 status=record.compensation.status.value,
-                call_id=call_id_of(str(CallKey(meta.tenant_id, spec.tool, key))),
+                call_id=call_id(spec.tool, key),
             )
         blocked = record.call.status is StepStatus.BLOCKED and status is StepStatus.BLOCKED
         steps.append(
@@ -49,7 +60,7 @@ def group_view(meta: GroupMeta, state: GroupState, updated_at: datetime) -> Grou
                 id=step.id,
                 tool=step.tool,
                 status=status.value,
-                call_id=call_id,
+                call_id=step_call,
                 result=json.loads(record.call.result_json) if record.call.result_json else None,
                 error=record.call.error,
                 depends_on=list(step.depends_on),

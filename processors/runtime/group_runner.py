@@ -210,7 +210,8 @@ class GroupRunner:
             meta = GroupMeta(group_id, tenant_id, principal, tuple(scopes), group_key, now)
             group = _Group(meta, evolve(None, GroupSubmitted(group_key, definition)), now)
             submitted = encode_event(GroupSubmitted(group_key, definition), at=now)
-            await self._log.append(meta, [submitted], group_view(meta, group.state, now))
+            view = group_view(meta, group.state, now, self._tools())
+            await self._log.append(meta, [submitted], view)
             self._groups[group_id] = group
             self._drive(group)
         return GroupAnswer(await self._wait(group, wait_s))
@@ -339,7 +340,7 @@ class GroupRunner:
         return _Group(meta, state, appended_at(texts[-1]) or meta.created_at)
 
     def _view(self, group: _Group) -> GroupView:
-        return group_view(group.meta, group.state, group.updated_at)
+        return group_view(group.meta, group.state, group.updated_at, self._tools())
 
     async def _advance(
         self, group: _Group, answered: Sequence[GroupEvent], *, decide_next: bool = True
@@ -356,7 +357,7 @@ class GroupRunner:
                 state = evolve(state, event)
             if events:
                 now = self._clock()
-                view = group_view(group.meta, state, now)
+                view = group_view(group.meta, state, now, self._tools())
                 stored = [encode_event(e, at=now) for e in events]
                 await self._log.append(group.meta, stored, view)
                 group.state = state

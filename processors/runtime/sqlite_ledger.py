@@ -60,7 +60,7 @@ from processors.runtime.ledger_file import (
 from processors.runtime.snapshot import restore
 from processors.runtime.state_table import transaction
 from schemas.events import Event, ToolCallKeyExpired, ToolCallRequested, ToolCallStarted
-from schemas.keys import call_id_of
+from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope, call_id_of
 
 __all__ = ["FORMAT", "LedgerFileError", "ReadModel", "SqliteLedger", "create", "refold"]
 
@@ -158,9 +158,13 @@ class SqliteLedger:
         partitions: int = 4,
         synchronous: str = "FULL",
         create: bool | None = None,
+        key_scope: KeyScope | None = None,
     ) -> None:
         """Open the ledger at ``path``. ``create``: True to make it if it does not exist, False
-        never to, None (default) only in a new, empty directory. Raises
+        never to, None (default) only in a new, empty directory. ``key_scope``: the scope of
+        the tools' keys, recorded when the ledger is made (None: :data:`DEFAULT_KEY_SCOPE`; a
+        ledger made before scopes were recorded: "tenant", as its keys are) and kept for its
+        life (:attr:`key_scope`); another one asked of an existing ledger is refused. Raises
         :class:`LedgerFileError` (one line naming the file) and then has written nothing."""
         self.read_model = read_model
         self.path = Path(path)
@@ -170,10 +174,12 @@ class SqliteLedger:
         try:
             if not new:
                 check_readable(self.path)
-                check_identity(self.path, self._check_format())
+                check_identity(self.path, self._check_format(key_scope))
             try:
                 self._writes = self._open(synchronous)
-                self.partitions = self._init_meta(partitions)
+                kept = DEFAULT_KEY_SCOPE if new else KeyScope.TENANT  # as _check_format
+                self.partitions = self._init_meta(partitions, key_scope or kept)
+                self.key_scope = KeyScope(_meta(self._writes, self.path, "key_scope"))
                 self.epoch = self._bump_epoch()
                 self.conn = _connect(self.path, synchronous)
                 record_identity(self.path, self.meta("ledger_id"))
@@ -213,9 +219,9 @@ class SqliteLedger:
             self._lock_file.close()
             self._lock_file = None
 
-    def _check_format(self) -> str | None:
-        """A ledger of this format, read only: another application's database is refused.
-        Returns the ledger's id."""
+    def _check_format(self, key_scope: KeyScope | None) -> str | None:
+        """A ledger of this format and, if ``key_scope`` is given, of that key scope, read
+        only: another application's database is refused. Returns the ledger's id."""
         conn = read_only(self.path)
         try:
             tables = {
@@ -228,6 +234,7 @@ class SqliteLedger:
                 )
             row = conn.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
             identity = conn.execute("SELECT v FROM meta WHERE k = 'ledger_id'").fetchone()
+            scoped = conn.execute("SELECT v FROM meta WHERE k = 'key_scope'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise LedgerFileError(
                 f"{self.path} cannot be read ({exc}); it was left untouched"
@@ -239,6 +246,14 @@ class SqliteLedger:
                 f"{self.path} has format {row[0] if row else None!r}, "
                 f"expected {FORMAT!r}; it was left untouched"
             )
+        # a ledger made before key scopes were recorded made its keys the tenant's
+        recorded = KeyScope.TENANT.value if scoped is None else scoped[0]
+        if key_scope is not None and recorded != key_scope.value:
+            raise LedgerFileError(
+                f"{self.path} scopes keys by {recorded}, not {key_scope.value}: a ledger keeps "
+                "the key scope it was made with (its keys would name other calls); leave "
+                "--key-scope out or make a new ledger. It was left untouched"
+            )
         return None if identity is None else str(identity[0])
 
     def _open(self, synchronous: str) -> sqlite3.Connection:
@@ -247,11 +262,12 @@ class SqliteLedger:
             create(conn, self.read_model)
         return conn
 
-    def _init_meta(self, partitions: int) -> int:
+    def _init_meta(self, partitions: int, key_scope: KeyScope) -> int:
         # here and in _bump_epoch, no lock: nothing else has the ledger before __init__ returns
         with transaction(self._writes) as conn:
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(partitions),))
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('key_scope', ?)", (key_scope.value,))
             conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('redaction_secret', ?)",
                 (secrets.token_hex(32),),

@@ -40,6 +40,7 @@ from processors.tools.manifest import (
     ToolDescription,
     ToolRegistrationError,
 )
+from schemas.keys import KeyScope
 
 REPLAY_SENTENCES = {
     EffectClass.MUTATION: (
@@ -203,6 +204,7 @@ class ToolOptions(TypedDict, total=False):
     open_world: bool
     approval: ApprovalRule | ApproverKind  # "user", "operator" or a rule choosing by arguments
     key_retention: timedelta | str  # a duration ("24h", "PT24H") or "forever"
+    key_scope: KeyScope | str  # "tenant" or "tenant+principal" (default: the ledger's)
     describe_impact: Callable[[Any], Impact]
     compensate: Compensation  # how a group undoes a completed call (a tool, an args function)
     job_timeout_s: float  # long_running: how long the job may run before it is UNKNOWN
@@ -238,5 +240,6 @@ def build_tool(
         open_world=options.get("open_world", True),
         approval=options.get("approval"),
         key_retention=options.get("key_retention"),
+        key_scope=options.get("key_scope"),
         describe_impact=options.get("describe_impact"),
     )

@@ -15,6 +15,7 @@ def step_tools(registry: ToolRegistry) -> dict[str, ToolFacts]:
             irreversible=tool.risk is RiskTier.IRREVERSIBLE,
             compensation=tool.compensate,
             scopes=tool.scopes,
+            key_scope=registry.key_scope(tool),
         )
         for tool in registry
     }

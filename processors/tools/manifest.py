@@ -17,6 +17,7 @@ from processors.groups.facts import Compensation
 from processors.ledger.commands import Policy, ReconcileOutcome
 from schemas.canonical import CanonicalJsonError, args_digest
 from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
+from schemas.keys import KeyScope
 
 
 class ToolRegistrationError(ValueError):
@@ -120,8 +121,10 @@ class ToolContext:
     principal: str | None
     tool: str
     call_key: str
+    # names the call whatever the key scope: forward it downstream so the downstream can dedupe
+    # and be queried (under "tenant+principal" two principals' calls may share a key)
     call_id: str
-    idempotency_key: str  # forward it downstream so the downstream can dedupe and be queried
+    idempotency_key: str  # the caller's key (under "tenant" scope it names the call too)
     attempt: int
     deadline: datetime
 
@@ -223,6 +226,9 @@ class Tool:
     # how long a finished call's key is kept: a timedelta or "forever"; None: the ledger's
     # default (ToolRegistry.default_key_retention, 24 hours unless --key-retention says)
     key_retention: timedelta | str | None = None  # a duration ("24h", "PT24H") or "forever"
+    # whose keys a key names a call among: "tenant" or "tenant+principal"; None: the ledger's
+    # (ToolRegistry.default_key_scope, recorded with the ledger; --key-scope)
+    key_scope: KeyScope | str | None = None
     describe_impact: Callable[[Any], Impact] | None = None
     # long_running only: how the executor asks about the job, stops it, and how long it may
     # run before its outcome counts as UNKNOWN (then resolved by poll, never by a restart)

@@ -29,6 +29,7 @@ from processors.tools.retention import (
     describe,
     seconds_of,
 )
+from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
 
 TRUSTED_CONTEXT_FIELDS = frozenset(
     {"tenant_id", "tenant", "user_id", "principal", "scopes", "run_id", "step_id"}
@@ -84,10 +85,12 @@ class ToolRegistry:
         *,
         trusted_fields: frozenset[str] = TRUSTED_CONTEXT_FIELDS,
         default_key_retention: KeyRetention = DEFAULT_KEY_RETENTION,
+        default_key_scope: KeyScope = DEFAULT_KEY_SCOPE,
     ) -> None:
         self._tools: dict[str, Tool] = {}
         self._trusted = trusted_fields
         self.default_key_retention = default_key_retention
+        self.default_key_scope = default_key_scope
         self._policies: dict[str, Policy] = {}
         # decorated tools whose risk needs a reconcile hook that ``@tool.reconcile`` adds
         # after the decorator ran: checked when the registry is first used
@@ -99,10 +102,27 @@ class ToolRegistry:
         self.default_key_retention = check_retention(retention)
         self._policies.clear()
 
+    def set_default_key_scope(self, scope: KeyScope) -> None:
+        """The key scope of tools that set none: the ledger's (``--key-scope``; an embedded
+        ledger's is recorded in its file)."""
+        self.default_key_scope = scope
+
     def key_retention(self, tool: Tool) -> KeyRetention:
         if tool.key_retention is None:
             return self.default_key_retention
         return check_retention(tool.key_retention)  # checked at registration: it parses
+
+    def key_scope(self, tool: Tool) -> KeyScope:
+        """The tool's own key scope, else the ledger's (checked at registration: it parses)."""
+        if tool.key_scope is None:
+            return self.default_key_scope
+        return KeyScope.parse(tool.key_scope)
+
+    def key_scope_of(self, name: str) -> KeyScope:
+        """The key scope of the tool named ``name``; the ledger's for a name no tool has (its
+        calls are refused as TOOL_NOT_FOUND, under a key of that scope)."""
+        tool = self._tools.get(name)
+        return self.default_key_scope if tool is None else self.key_scope(tool)
 
     def policy(self, tool: Tool) -> Policy:
         """What the pure core needs of ``tool``, with its key retention resolved (built once
@@ -114,11 +134,13 @@ class ToolRegistry:
         return policy
 
     def manifest(self, tool: Tool) -> dict[str, Any]:
-        """The public manifest, with the key retention in force (ISO 8601, or ``forever``)."""
+        """The public manifest, with the key retention (ISO 8601, or ``forever``) and the key
+        scope in force."""
         retention = self.key_retention(tool)
         return tool.manifest() | {
             "key_retention": describe(retention),
             "key_retention_seconds": seconds_of(retention),
+            "key_scope": self.key_scope(tool).value,
         }
 
     def mutation(self, **options: Unpack[ToolOptions]) -> Callable[[F], DecoratedTool]:
@@ -230,6 +252,11 @@ class ToolRegistry:
             try:
                 check_retention(tool.key_retention)
             except RetentionError as exc:
+                problems.append(str(exc))
+        if tool.key_scope is not None:
+            try:
+                KeyScope.parse(tool.key_scope)
+            except ValueError as exc:
                 problems.append(str(exc))
         unknown = sorted(tool.redact_fields - set(tool.arguments.model_fields))
         if unknown:

@@ -52,7 +52,7 @@ from producers.keys import derive_idempotency_key
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupStepView, GroupView
 from schemas.groups import step_key as group_step_key  # the key the group gives a step
-from schemas.keys import CallKey
+from schemas.keys import CallKey, KeyScope
 from schemas.status import CallStatus
 
 __all__ = [
@@ -267,10 +267,9 @@ class TurnGroup:
         """Make the blocked step's own call again, for its request, and send the decision for
         it if there is one. Only with the step's own key: never a call the group did not make."""
         key = group_step_key(self.key, step.id)
-        if (
-            not call.keyed
-            or CallKey(self.context.tenant_id, call.tool, key).call_id != step.call_id
-        ):
+        tenant, principal = self.context.tenant_id, self.context.principal
+        own = {CallKey.scoped(s, tenant, principal, call.tool, key).call_id for s in KeyScope}
+        if not call.keyed or step.call_id not in own:  # in the tool's key scope, whichever
             return _Asked(_blocked(step), settled=False)
         result = await self.client.call(
             call.tool,

@@ -14,7 +14,7 @@ from producers.http.call_views import pending_view, projected, transient_view, v
 from producers.http.door import FrontDoor, ToolInfo
 from producers.http.problems import problem
 from producers.http.responses import JSON, error_response, problem_response
-from schemas.errors import ErrorCode
+from schemas.errors import ErrorCode, ErrorInfo
 from schemas.events import ApprovalRequested
 from schemas.status import CallStatus
 
@@ -40,9 +40,10 @@ async def answer(
     wait: float,
 ) -> Response:
     call_id = result.call_id
+    named = {"call_id": call_id or None}  # the call a problem is about, in the key's scope
     if result.rejected:
         assert result.error is not None
-        body = problem(result.error, errors=list(result.field_errors))
+        body = problem(result.error, errors=list(result.field_errors)).model_copy(update=named)
         if isinstance(result.event, ApprovalRequested):
             body.approval_request = await governance.approval_request(door, result.event)
         return problem_response(body, retry_after(result.error.code))
@@ -62,14 +63,15 @@ async def answer(
         return Response(view_bytes(view), status_code=202, media_type=JSON, headers=headers)
     if result.status is CallStatus.PENDING:
         assert result.error is not None
+        retry = {"Retry-After": "1"}
         if result.error.code == ErrorCode.INTERNAL:  # not reached or not decided: retry
-            return problem_response(problem(result.error), {"Retry-After": "1"})
+            return problem_response(problem(result.error).model_copy(update=named), retry)
         if not result.running:  # another call with this key and these arguments runs
-            return error_response(
+            in_use = ErrorInfo.of(
                 ErrorCode.IDEMPOTENCY_KEY_IN_USE,
                 f"The call with this key is still running after {wait:g} s.",
-                headers={"Retry-After": "1"},
             )
+            return problem_response(problem(in_use).model_copy(update=named), retry)
         view = await door.queries.get(context.tenant_id, call_id) if key else None
         if view is not None and view.last_intent_id != result.intent_id:
             view = None  # the projection has not reached this call's own events yet

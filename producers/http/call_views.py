@@ -98,6 +98,7 @@ async def awaiting_approval_view(door: FrontDoor, tenant_id: str, call_id: str) 
         approval=approval.to_json(),
         last_event_id="",
         last_intent_id="",
+        call_key=approval.call_key,
     )
 
 
@@ -144,4 +145,5 @@ def transient_view(tenant_id: str, tool: str, result: CallResult) -> CallView:
         updated_at=env.occurred_at,
         last_event_id=env.event_id,
         last_intent_id=env.intent_id,
+        call_key=env.call_key,
     )

@@ -21,6 +21,7 @@ from producers.http.metrics import Metrics
 from producers.http.ratelimit import DEFAULT_AUTH_FAILURES, AuthThrottle, RateLimiter
 from schemas.calls import CallQueries
 from schemas.groups import GroupService
+from schemas.keys import DEFAULT_KEY_SCOPE
 
 
 def _no_digest(_arguments: Any) -> str | None:
@@ -55,6 +56,7 @@ class FrontDoor:
     ready: Callable[[], Awaitable[dict[str, bool]]]
     key_retention: str = "forever"  # the default for tools that set none, ISO 8601
     key_retention_seconds: int | None = None  # the same in seconds (None: forever)
+    key_scope: str = DEFAULT_KEY_SCOPE.value  # the ledger's, for tools that set none
     metrics: Metrics = field(default_factory=Metrics)
     limiter: RateLimiter | None = None
     # what the HTTP API authenticates with: the tokens file unless given (e.g. JWTs as well)

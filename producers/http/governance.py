@@ -29,7 +29,7 @@ from schemas.events import (
     ToolEnabled,
 )
 from schemas.governance import disabled_error
-from schemas.keys import CallKey
+from schemas.keys import call_id_of
 from schemas.status import CallStatus
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ async def precheck(
     known = None
     if key:
         known = await door.queries.get(
-            context.tenant_id, CallKey(context.tenant_id, tool, key).call_id
+            context.tenant_id, call_id_of(door.client.call_key(context, tool, key))
         )
     if known is not None and (known.status.is_final or known.status is CallStatus.PENDING):
         return None  # answered from the ledger (or "in progress"): nothing new runs

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from schemas.calls import CallView
 
 NO_CONTROL = r"^[^\x00-\x1F\x7F]+$"  # ids are stored as text: no NUL (PostgreSQL) nor controls
-HIDDEN = frozenset({"last_event_id", "last_intent_id"})  # CallView's internal fields
+HIDDEN = frozenset({"last_event_id", "last_intent_id", "call_key"})  # CallView's internal fields
 
 
 class CallBody(BaseModel):
@@ -32,6 +32,7 @@ class ToolPage(BaseModel):
     next_cursor: str | None = None
     key_retention: str
     key_retention_seconds: int | None = None
+    key_scope: str  # "tenant" or "tenant+principal": the ledger's, for tools that set none
 
 
 # The Call resource as rendered (CallView without its internal fields).

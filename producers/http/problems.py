@@ -69,6 +69,7 @@ class Problem(BaseModel):
     suggested_action: str
     errors: list[FieldError] = Field(default_factory=list)
     approval_request: dict[str, Any] | None = None
+    call_id: str | None = None  # the call a tool call's refusal is about (whose key it is)
 
 
 def status_of(code: str) -> int:

@@ -145,7 +145,8 @@ async def test_a_turn_is_one_group_its_mutations_chained_in_block_order(desk: De
     assert set(ticket) == {"ok", "status", "result", "replayed", "attempts", "call_id"}
     assert ticket["replayed"] is False and ticket["status"] == "SUCCEEDED"
     key = step_key(turn_group_key("run-chain", 0), "create_ticket-1")
-    assert ticket["call_id"] == CallKey("acme", "create_ticket", key).call_id
+    # the key is the turn caller's own (the default key scope, tenant+principal)
+    assert ticket["call_id"] == CallKey("acme", "create_ticket", key, ACME.principal).call_id
 
     # the slow write's effect comes first: the ticket waited for it
     write = step_key(turn_group_key("run-chain", 0), "flaky_write-1")

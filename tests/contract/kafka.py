@@ -56,7 +56,7 @@ class KafkaHarness(Harness):
             await ensure_topics(bootstrap, self.topics)
             self.transport = KafkaTransport(bootstrap, self.topics)
             await self.transport.start()
-            self._client = LedgerClient(self.transport)
+            self._client = LedgerClient(self.transport, key_scopes=self.registry.key_scope_of)
             self.dsn = await self.services.fresh_database()
             self.projection = PostgresProjection(self.dsn)
             await self.projection.open()

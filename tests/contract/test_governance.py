@@ -45,17 +45,12 @@ def _request(result: CallResult) -> ApprovalRequested:
     return result.event
 
 
-def _target(request: ApprovalRequested) -> governance.ApprovalTarget:
-    env = request.envelope
-    return governance.ApprovalTarget(
-        request.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
-    )
-
-
 async def _approve(
     ledger: Harness, request: ApprovalRequested, ttl: timedelta = timedelta(minutes=10)
 ) -> tuple[Event | None, str]:
-    record, token = governance.approve(_target(request), "op@acme", datetime.now(UTC), ttl)
+    record, token = governance.approve(
+        governance.ApprovalTarget.of_request(request), "op@acme", datetime.now(UTC), ttl
+    )
     return await ledger.client.command(record), token
 
 
@@ -158,7 +153,12 @@ async def test_an_expired_token_is_refused(ledger: Harness) -> None:
 
 async def test_a_denied_call_stays_denied(ledger: Harness) -> None:
     request = _request(await _charge(ledger, "pay-d"))
-    record = governance.deny(_target(request), "op@acme", "Not agreed with the customer", _now())
+    record = governance.deny(
+        governance.ApprovalTarget.of_request(request),
+        "op@acme",
+        "Not agreed with the customer",
+        _now(),
+    )
     denied = await ledger.client.command(record)
     assert isinstance(denied, ApprovalDenied) and denied.reason == "Not agreed with the customer"
     again = await _charge(ledger, "pay-d")
@@ -293,7 +293,9 @@ async def test_an_open_approval_keeps_its_key_from_expiring(ledger: Harness) -> 
     _refused(await pay(10), "IDEMPOTENCY_KEY_REUSED")
     assert runs == []
 
-    record = governance.deny(_target(request), "op@acme", "not this one", datetime.now(UTC))
+    record = governance.deny(
+        governance.ApprovalTarget.of_request(request), "op@acme", "not this one", datetime.now(UTC)
+    )
     assert isinstance(await ledger.client.command(record), ApprovalDenied)
 
     async def runs_as_new() -> bool:
@@ -331,7 +333,9 @@ async def test_a_key_that_only_had_approval_requests_expires(ledger: Harness) ->
     assert _request(await pay()).approval_id == first.approval_id  # kept while it waits
     assert await expiries() == []
 
-    record = governance.deny(_target(first), "op@acme", "not today", datetime.now(UTC))
+    record = governance.deny(
+        governance.ApprovalTarget.of_request(first), "op@acme", "not today", datetime.now(UTC)
+    )
     assert isinstance(await ledger.client.command(record), ApprovalDenied)
 
     async def expired_by_the_executor() -> bool:

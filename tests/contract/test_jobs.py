@@ -22,6 +22,7 @@ from processors.tools.manifest import (
 )
 from producers.client import CallResult, job_record
 from schemas.events import ToolCallRejected, ToolCallSucceeded
+from schemas.keys import DEFAULT_KEY_SCOPE, CallKey
 from schemas.status import CallStatus
 from tests.contract.harness import ACME, Harness, eventually
 
@@ -109,6 +110,11 @@ async def test_a_retry_returns_the_same_job_and_starts_no_other(ledger: Harness)
     assert jobs.started == ["job-1"]
 
 
+def _call_key(tool: str, key: str) -> str:
+    """ACME's call key of ``tool`` under ``key``, in a new ledger's scope (its principal's)."""
+    return str(CallKey.scoped(DEFAULT_KEY_SCOPE, ACME.tenant_id, ACME.principal, tool, key))
+
+
 async def test_poll_and_report_race_and_exactly_one_wins(ledger: Harness) -> None:
     jobs = Jobs()
     _job_tool(ledger, jobs, "export_race")
@@ -119,6 +125,7 @@ async def test_poll_and_report_race_and_exactly_one_wins(ledger: Harness) -> Non
     report = job_record(
         "report",
         context=ACME,
+        call_key=_call_key("export_race", "job-k2"),
         tool="export_race",
         idempotency_key="job-k2",
         status="succeeded",
@@ -135,7 +142,13 @@ async def test_poll_and_report_race_and_exactly_one_wins(ledger: Harness) -> Non
     mine = [e for e in events if e["idempotency_key"] == "job-k2"]
     assert [e["event_type"] for e in mine].count("ToolCallSucceeded") == 1
     late = await ledger.client.command(
-        job_record("cancel", context=ACME, tool="export_race", idempotency_key="job-k2")
+        job_record(
+            "cancel",
+            context=ACME,
+            call_key=_call_key("export_race", "job-k2"),
+            tool="export_race",
+            idempotency_key="job-k2",
+        )
     )
     assert isinstance(late, ToolCallRejected) and late.error.code == "JOB_FINISHED"
 
@@ -146,7 +159,13 @@ async def test_a_cancel_ends_the_call_cancelled(ledger: Harness) -> None:
     first = await _call(ledger, "export_cancel", "job-k3")
     assert first.job is not None
     await ledger.client.command(
-        job_record("cancel", context=ACME, tool="export_cancel", idempotency_key="job-k3")
+        job_record(
+            "cancel",
+            context=ACME,
+            call_key=_call_key("export_cancel", "job-k3"),
+            tool="export_cancel",
+            idempotency_key="job-k3",
+        )
     )
     final = await _settled(ledger, "export_cancel", "job-k3")
     assert final.status is CallStatus.FAILED_FINAL and final.error is not None

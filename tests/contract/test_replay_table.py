@@ -199,7 +199,7 @@ async def test_unknown_outcome_is_reconciled_not_rerun(ledger: Harness) -> None:
     again = await ledger.client.call("flaky_write", args, idempotency_key="k-h", context=ACME)
     assert again.ok and again.replayed
     assert ledger.effects("flaky_write", "k-h") == 1
-    assert again.result["write_id"] == ledger.store.find("acme", "flaky_write", "k-h")[0]  # type: ignore[index]
+    assert again.result["write_id"] == ledger.store.find(again.call_id)[0]  # type: ignore[index]
 
 
 async def test_background_reconciler_resolves_unknown(ledger: Harness) -> None:

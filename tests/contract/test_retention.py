@@ -127,7 +127,7 @@ async def test_an_expiry_survives_a_restart_and_a_rebuild(ledger: Harness) -> No
     again = await ledger.client.call("create_ticket", args, idempotency_key="k-rs", context=ACME)
     assert again.ok and not again.replayed
     assert ledger.effects("create_ticket", "k-rs") == 2
-    assert CallKey("acme", "create_ticket", "k-rs").call_id == first.call_id
+    assert CallKey("acme", "create_ticket", "k-rs", ACME.principal).call_id == first.call_id
 
 
 def _opaque_tool(ledger: Harness, runs: list[int], known: list[bool]) -> None:

@@ -178,10 +178,7 @@ async def test_sigkill_during_approved_charges_never_uses_a_token_twice(
     tokens: dict[str, str] = {}
     for key, ask in zip(keys, asked, strict=True):
         assert isinstance(ask.event, ApprovalRequested), ask
-        env = ask.event.envelope
-        target = governance.ApprovalTarget(
-            ask.event.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
-        )
+        target = governance.ApprovalTarget.of_request(ask.event)
         record, tokens[key] = governance.approve(target, "olga", datetime.now(UTC))
         assert isinstance(await client.command(record, wait=40), ApprovalGranted)
 

@@ -36,7 +36,7 @@ from schemas.events import (
     ToolCallReconciled,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey
+from schemas.keys import CallKey, KeyScope
 from schemas.topics import Topics
 from tests.faults.procs import CliProcess, Cluster, read_outcomes
 from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
@@ -250,7 +250,8 @@ async def _finished(
 
 
 def _call_key(tool: str, key: str) -> str:
-    return str(CallKey(TENANT, tool, key))
+    """The call key of ACME's call (the default key scope: tenant and principal)."""
+    return str(CallKey.scoped(KeyScope.TENANT_PRINCIPAL, TENANT, ACME.principal, tool, key))
 
 
 def _by_key(events: list[Event]) -> dict[str, list[Event]]:

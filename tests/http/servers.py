@@ -251,10 +251,11 @@ def start_distributed(
     *extra: str,
     front: str = "serve",
     prefix: str | None = None,
+    executor_extra: tuple[str, ...] = (),
 ) -> Server:
-    """Executor + projector + front door (with ``extra`` options) on fresh topics (or on the
-    topics of ``prefix``, made beforehand) and a fresh database; ``front`` ``"mcp"``:
-    ``toolledger mcp --transport http`` instead of ``serve``."""
+    """Executor (with ``executor_extra`` options) + projector + front door (with ``extra``
+    options) on fresh topics (or on the topics of ``prefix``, made beforehand) and a fresh
+    database; ``front`` ``"mcp"``: ``toolledger mcp --transport http`` instead of ``serve``."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = write_tokens(workdir / "tokens.json")
     dsn = asyncio.run(services.fresh_database())
@@ -275,6 +276,7 @@ def start_distributed(
             str(server.flaky_timeout_s),
             "--ready-file",
             str(executor_ready),
+            *executor_extra,
         ]
         secret = {"TOOLLEDGER_REDACTION_SECRET": REDACTION_SECRET}
         server.processes.append(spawn("executor", executor, workdir, secret))

@@ -11,15 +11,19 @@ import httpx
 
 from schemas.keys import CallKey
 from tests.http.helpers import assert_call, assert_problem, post_call
-from tests.http.servers import NO_SCOPE, OPERATOR, Server
+from tests.http.servers import ACME, NO_SCOPE, OPERATOR, Server, Token
 
 
-async def door_refusals(client: httpx.AsyncClient, tool: str, key: str) -> list[dict[str, Any]]:
-    """The ToolCallRejected events recorded for ``key`` (the projection may lag: polled)."""
-    call_id = CallKey("acme", tool, key).call_id
+async def door_refusals(
+    client: httpx.AsyncClient, tool: str, key: str, caller: Token = ACME, reader: Token = ACME
+) -> list[dict[str, Any]]:
+    """The ToolCallRejected events recorded for ``caller``'s ``key`` (the server's default key
+    scope, tenant+principal: the principal is part of the call key), read by ``reader`` (the
+    projection may lag: polled)."""
+    call_id = CallKey("acme", tool, key, caller.principal).call_id
     deadline = time.monotonic() + 30
     while True:
-        response = await client.get(f"/v1/calls/{call_id}/events")
+        response = await client.get(f"/v1/calls/{call_id}/events", headers=reader.headers)
         if response.status_code == 200:
             found = [e for e in response.json()["items"] if e["type"] == "ToolCallRejected"]
             if found:
@@ -35,10 +39,12 @@ async def test_a_missing_scope_is_audited_and_leaves_the_key_unused(
         client, "create_ticket", {"title": "no scope"}, key=key, headers=NO_SCOPE.headers
     )
     assert_problem(refused, 403, "FORBIDDEN")
-    [event] = await door_refusals(client, "create_ticket", key)
+    # mallory's key is hers (tenant+principal): the tenant's operator reads her refusal and
+    # searches the key among every principal's calls
+    [event] = await door_refusals(client, "create_ticket", key, NO_SCOPE, OPERATOR)
     assert event["error"]["code"] == "FORBIDDEN"
     assert event["envelope"]["principal"] == "mallory"
-    found = await client.get("/v1/calls", params={"idempotency_key": key})
+    found = await client.get("/v1/calls", params={"idempotency_key": key}, headers=OPERATOR.headers)
     assert found.json()["items"] == []  # no call: the key is unused
     fresh = await post_call(client, "create_ticket", {"title": "no scope"}, key=key)
     assert_call(fresh, "SUCCEEDED", replayed=False)

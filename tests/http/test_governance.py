@@ -353,7 +353,7 @@ async def test_a_tenant_smuggled_into_the_arguments_is_refused_and_audited(
     assert {"tenant_id", "principal"} <= {e["loc"] for e in problem["errors"]}
     assert server.effects("globex", "create_ticket", key) == 0
     assert server.effects("acme", "create_ticket", key) == 0
-    call_id = CallKey("acme", "create_ticket", key).call_id
+    call_id = CallKey("acme", "create_ticket", key, ACME.principal).call_id  # alice's key
     trail = await _poll(
         client,
         f"/v1/calls/{call_id}/events",

@@ -64,7 +64,7 @@ async def test_0008_converts_what_was_written_before_it(services: Services) -> N
                 (f"{call}/{offset}", partition, offset, call, f"k-{key}", key, kind, payload),
             )
 
-    assert await migrate(dsn) == ["0008"]
+    assert await migrate(dsn) == [m.version for m in load_migrations() if m.version >= "0008"]
 
     with psycopg.connect(dsn) as conn:
         calls = conn.execute(

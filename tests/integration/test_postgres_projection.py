@@ -434,24 +434,20 @@ async def test_batches_split_anywhere_give_the_same_rows(projection: PostgresPro
 
 async def test_a_failing_batch_writes_nothing(projection: PostgresProjection) -> None:
     history = History()
-    first = history.scenario(Call.of("acme", "t", "a"), 0, "a")
+    read = Call.of("acme", "lookup", "")  # a read-only call: its row's id names its intent
+    first = [
+        *history.scenario(Call.of("acme", "t", "a"), 0, "a"),
+        history.succeeded(read, "r", 0, 1),
+    ]
     await projection.apply(positioned(first), CONSUMER, TOPIC)
     calls, audit = await projection.call_rows(), await projection.event_rows()
     dead = DeadLetterRecord(TOPIC, 0, 99, "bad bytes", None, b"\x00\x01")
 
-    # A Started event whose call key names another call's (tenant, tool, key): its audit row
-    # inserts fine, the tool_calls upsert then violates UNIQUE (tenant_id, tool_name,
-    # idempotency_key) -- a failure after the inserts, inside the transaction.
+    # A second outcome of the read-only intent "r" under a new event id: its audit row inserts
+    # fine, its call row then violates the primary key (the read's call id is its intent's,
+    # already stored) -- a failure after the inserts, inside the transaction.
     good = history.scenario(Call.of("acme", "t", "b"), 0, "b")
-    liar = Call.of("acme", "t", "a")
-    liar_started = history.started(liar, "liar", 0, 1)
-    forged = ToolCallStarted.model_validate(
-        liar_started.model_dump()
-        | {
-            "envelope": liar_started.envelope.model_dump()
-            | {"call_key": str(CallKey("acme", "t", "zz"))}
-        }
-    )
+    forged = history.succeeded(read, "r", 1, 1)
     doomed = positioned([*good, forged], start=len(first))
     with pytest.raises(ProjectionError) as failure:
         await projection.apply(doomed, CONSUMER, TOPIC, dead_letters=[dead])

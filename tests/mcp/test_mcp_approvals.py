@@ -44,8 +44,9 @@ class Setup:
 
     def target(self, request: dict[str, Any], key: str) -> governance.ApprovalTarget:
         """What an operator approves: the request as the MCP result shows it."""
+        call_key = self.ledger.client.call_key(ACME, request["tool"], key)
         return governance.ApprovalTarget(
-            request["id"], "acme", request["tool"], key, request["args_digest"]
+            request["id"], "acme", request["tool"], key, request["args_digest"], call_key=call_key
         )
 
     async def approve(self, request: dict[str, Any], key: str) -> str:

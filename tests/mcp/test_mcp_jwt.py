@@ -127,7 +127,9 @@ def jwt_options(jwks: Path) -> tuple[str, ...]:
 def jwt_server(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     deploy = deployment(tmp_path_factory.mktemp("mcp-jwt"))
     jwks = keys.write_jwks(deploy.tokens.parent / "jwks.json")
-    with http_server_process(deploy, *jwt_options(jwks)) as running:
+    # keys scoped by tenant: an opaque token of the tenant (another principal) shares the JWT
+    # caller's keys, which is what test_jwt_calls_over_mcp shows
+    with http_server_process(deploy, *jwt_options(jwks), "--key-scope", "tenant") as running:
         yield running
 
 

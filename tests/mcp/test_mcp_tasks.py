@@ -279,7 +279,9 @@ async def test_tasks_over_streamable_http_on_kafka_and_postgres(kafka_mcp: Serve
 
 
 async def test_cancelling_needs_the_call_scope(tmp_path: Path) -> None:
-    reader = TrustedContext("acme", "reader", frozenset({"tools:read"}))
+    # the caller's own principal with a read-only token: under the default key scope
+    # (tenant+principal) another principal of the tenant does not see the task at all
+    reader = TrustedContext("acme", ACME.principal, frozenset({"tools:read"}))
     async with (
         ledger(tmp_path) as setup,
         Client(setup.server().server, extensions=[Tasks()]) as acme,

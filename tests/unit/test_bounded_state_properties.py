@@ -171,13 +171,14 @@ def _intent(intent_id: str, key: str, value: int, at: datetime) -> bytes:
         ToolCallRequested(
             envelope=Envelope(
                 event_id=f"{intent_id}/requested/1",
-                call_key=str(CallKey("t", "op", key)),
+                call_key=str(CallKey("t", "op", key, "p")),
                 tenant_id="t",
                 tool="op",
                 tool_version="",
                 idempotency_key=key,
                 args_digest="",
                 intent_id=intent_id,
+                principal="p",
                 occurred_at=at,
             ),
             arguments_json=json.dumps({"value": value}),
@@ -308,7 +309,9 @@ class ApprovalModel:
 
 
 def _denial(key: str, approval_id: str, at: datetime) -> tuple[str, bytes]:
-    target = ApprovalTarget(approval_id, "t", "op", key, args_digest({"value": NEEDS_APPROVAL}))
+    digest = args_digest({"value": NEEDS_APPROVAL})
+    call_key = str(CallKey("t", "op", key, "p"))
+    target = ApprovalTarget(approval_id, "t", "op", key, digest, call_key=call_key)
     denial = deny(target, "op@t", "no", at)
     return denial.intent_id, encode(denial)
 

@@ -10,6 +10,7 @@ import pytest
 
 from processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
 from projections.sqlite import SqliteReadModel
+from schemas.keys import KeyScope
 
 
 def SqliteLog(path: Path, **options: object) -> SqliteLedger:  # the tests' name
@@ -72,6 +73,45 @@ def test_partition_count_is_fixed_at_creation(tmp_path: Path) -> None:
         assert reopened.partitions == 3  # the file's layout wins: keys must keep their partition
     finally:
         reopened.close()
+
+
+def test_the_key_scope_is_recorded_at_creation_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    made = SqliteLog(path)
+    assert made.key_scope is KeyScope.TENANT_PRINCIPAL  # a new ledger's default
+    made.close()
+    SqliteLog(path).close()  # without a scope asked: the file's
+    before = path.read_bytes()
+    with pytest.raises(LedgerFileError) as info:
+        SqliteLog(path, key_scope=KeyScope.TENANT)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    assert "scopes keys by tenant+principal, not tenant" in message and "untouched" in message
+    assert path.read_bytes() == before
+    again = SqliteLog(path, key_scope=KeyScope.TENANT_PRINCIPAL)  # the same one: fine
+    assert again.key_scope is KeyScope.TENANT_PRINCIPAL
+    again.close()
+    tenant = SqliteLog(tmp_path / "other" / "ledger.db", key_scope=KeyScope.TENANT)
+    assert tenant.key_scope is KeyScope.TENANT
+    tenant.close()
+
+
+def test_a_ledger_made_before_key_scopes_keeps_its_tenant_keys(tmp_path: Path) -> None:
+    """A file without a recorded scope made its keys the tenant's: it is not the new default
+    (its keys would name other calls), and it keeps "tenant" from then on."""
+    path = tmp_path / "ledger.db"
+    SqliteLog(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM meta WHERE k = 'key_scope'")
+    before = path.read_bytes()
+    with pytest.raises(LedgerFileError, match="scopes keys by tenant, not tenant\\+principal"):
+        SqliteLog(path, key_scope=KeyScope.TENANT_PRINCIPAL)
+    assert path.read_bytes() == before
+    old = SqliteLog(path)
+    assert old.key_scope is KeyScope.TENANT
+    old.close()
+    with pytest.raises(LedgerFileError, match="scopes keys by tenant, not tenant\\+principal"):
+        SqliteLog(path, key_scope=KeyScope.TENANT_PRINCIPAL)
 
 
 def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Path) -> None:

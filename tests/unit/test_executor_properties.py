@@ -102,13 +102,14 @@ def _intent(
         ToolCallRequested(
             envelope=Envelope(
                 event_id=f"{intent_id}/requested/1",
-                call_key=str(CallKey("t", "op", key)),
+                call_key=str(CallKey("t", "op", key, "p")),
                 tenant_id="t",
                 tool="op",
                 tool_version="",
                 idempotency_key=key,
                 args_digest="",
                 intent_id=intent_id,
+                principal="p",
                 occurred_at=datetime.now(UTC),
             ),
             arguments_json=json.dumps(args),
@@ -289,7 +290,9 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     args = {"value": 1, "behaviour": "ok"}
     first = uuid.uuid4().hex  # the first ask opens the request: its id derives from this
     approval_id = "apr_" + hashlib.sha256(first.encode()).hexdigest()[:24]
-    target = governance.ApprovalTarget(approval_id, "t", "op", "a", args_digest(args))
+    target = governance.ApprovalTarget(
+        approval_id, "t", "op", "a", args_digest(args), call_key=str(CallKey("t", "op", "a", "p"))
+    )
     grant, token = governance.approve(target, "olga", datetime.now(UTC))
     records = {
         "ask": lambda: _intent("a", args),
@@ -313,7 +316,7 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     store = asyncio.run(scenario())
     assert downstream.effects["b"] == 0
     assert downstream.effects["a"] <= 1
-    mine = [e for e in store.outcomes if e.call_key == str(CallKey("t", "op", "a"))]
+    mine = [e for e in store.outcomes if e.call_key == str(CallKey("t", "op", "a", "p"))]
     types = [e.TYPE for e in mine]
     started = [e for e in mine if e.TYPE == "ToolCallStarted"]
     if started:

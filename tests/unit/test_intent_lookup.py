@@ -35,9 +35,9 @@ async def test_only_an_approval_requests_raw_arguments_are_kept_and_found_by_key
     lookup = SqliteIntentLookup(path)
     try:
         now = datetime.now(UTC)
-        charged = str(CallKey("acme", "charge_card", "k-2"))
+        charged = str(CallKey("acme", "charge_card", "k-2", ALICE.principal))
         assert [json.loads(a) for a in await lookup.arguments(charged, now)] == [charge]
-        ticketed = str(CallKey("acme", "create_ticket", "k-1"))
+        ticketed = str(CallKey("acme", "create_ticket", "k-1", ALICE.principal))
         assert await lookup.arguments(ticketed, now) == []
     finally:
         lookup.close()

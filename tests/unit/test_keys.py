@@ -15,6 +15,8 @@ from schemas.keys import (
     MAX_KEY_LENGTH,
     CallKey,
     InvalidIdempotencyKey,
+    KeyScope,
+    call_key_of,
     check_idempotency_key,
     derive_idempotency_key,
     murmur2,
@@ -180,11 +182,47 @@ def test_different_triples_never_collide(a: tuple[str, str, str], b: tuple[str, 
         assert ka.call_id != kb.call_id
 
 
-@pytest.mark.parametrize("text", ['["a","b"]', '["a","b","c","d"]', '["a","b",1]', "{}",
-                                  '"abc"', "null", '[null,"b","c"]'])
+@pytest.mark.parametrize("text", ['["a","b"]', '["a","b","c","d","e"]', '["a","b",1]', "{}",
+                                  '"abc"', "null", '[null,"b","c"]', '["a","b","c",null]', "[",
+                                  ""])
 def test_parse_refuses_what_is_not_a_call_key(text: str) -> None:
     with pytest.raises(ValueError):
         CallKey.parse(text)
+    assert call_key_of(text) is None
+
+
+def test_a_principal_scoped_key_is_the_tenant_key_with_the_principal_after_it() -> None:
+    alice = CallKey.scoped(KeyScope.TENANT_PRINCIPAL, "acme", "alice", "charge_card", "k")
+    tenant = CallKey.scoped(KeyScope.TENANT, "acme", "alice", "charge_card", "k")
+    assert str(alice) == '["acme","charge_card","k","alice"]'
+    assert alice.scope is KeyScope.TENANT_PRINCIPAL
+    assert str(tenant) == '["acme","charge_card","k"]' and tenant.scope is KeyScope.TENANT
+    assert CallKey.parse(str(alice)) == alice and call_key_of(str(alice)) == alice
+    bob = CallKey.scoped(KeyScope.TENANT_PRINCIPAL, "acme", "bob", "charge_card", "k")
+    # three calls: alice's, bob's and the tenant's key are apart, in every written form
+    assert len({alice.call_id, bob.call_id, tenant.call_id}) == 3
+    assert alice.names("acme", "charge_card", "k") and tenant.names("acme", "charge_card", "k")
+    assert not alice.names("acme", "charge_card", "k2")
+    # whose records may carry it: alice's only; the tenant's key any principal's
+    assert alice.sent_by("acme", "charge_card", "k", "alice")
+    assert not alice.sent_by("acme", "charge_card", "k", "bob")
+    assert not alice.sent_by("acme", "charge_card", "k", None)
+    assert tenant.sent_by("acme", "charge_card", "k", "bob")
+    assert alice.visible_to("alice") and not alice.visible_to("bob") and tenant.visible_to("bob")
+
+
+@pytest.mark.parametrize("text", ['["a", "b", "c"]', '[ "a","b","c","d"]', '["\\u0061","b","c"]'])
+def test_a_call_key_written_another_way_is_not_one(text: str) -> None:
+    """The same parts written otherwise would be another state's key: refused."""
+    assert CallKey.parse(text) is not None
+    assert call_key_of(text) is None
+
+
+def test_key_scopes_parse_by_their_names_only() -> None:
+    assert KeyScope.parse("tenant") is KeyScope.TENANT
+    assert KeyScope.parse("tenant+principal") is KeyScope.TENANT_PRINCIPAL
+    with pytest.raises(ValueError, match="'tenant' or 'tenant\\+principal'"):
+        KeyScope.parse("principal")
 
 
 def test_call_id_is_stable() -> None:

@@ -60,10 +60,7 @@ class Ledger:
         return result
 
     async def approve(self, request: ApprovalRequested) -> str:
-        env = request.envelope
-        target = governance.ApprovalTarget(
-            request.approval_id, env.tenant_id, env.tool, env.idempotency_key, env.args_digest
-        )
+        target = governance.ApprovalTarget.of_request(request)
         record, token = governance.approve(
             target, "op@acme", datetime.now(UTC), timedelta(minutes=5)
         )

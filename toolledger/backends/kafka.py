@@ -15,6 +15,7 @@ from processors.tools.registry import ToolRegistry
 from producers.client import LedgerClient
 from producers.kafka import KafkaTransport
 from producers.kafka_intents import KafkaIntentLookup
+from schemas.keys import DEFAULT_KEY_SCOPE
 from toolledger.backends import BackendFactory, BackendParts
 from toolledger.kafka_admin import ensure_topics
 from toolledger.kafka_settings import agreed_key_retention
@@ -24,6 +25,10 @@ class Factory(BackendFactory):
     @contextlib.asynccontextmanager
     async def open(self, registry: ToolRegistry | None) -> AsyncIterator[BackendParts]:
         settings, topics = self.settings, self.settings.topics
+        # the keys' scope of tools that set none (the executors must apply the same)
+        scope = settings.key_scope or DEFAULT_KEY_SCOPE
+        if registry is not None and settings.key_scope is not None:
+            registry.set_default_key_scope(settings.key_scope)
         if registry is not None:  # a front door: the deployment's topics and key retention
             await ensure_topics(settings.kafka, topics)
             registry.set_default_key_retention(
@@ -43,6 +48,7 @@ class Factory(BackendFactory):
                     transport,
                     default_wait_s=settings.default_wait_s,
                     max_argument_bytes=settings.max_argument_bytes,
+                    key_scopes=(lambda _tool: scope) if registry is None else registry.key_scope_of,
                 )
                 yield await self._parts(stack, transport, client, registry)
         finally:

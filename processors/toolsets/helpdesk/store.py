@@ -1,8 +1,10 @@
 """The helpdesk's downstream: a small SQLite system that records every real side effect.
 
 It deliberately does *not* deduplicate by idempotency key: a double execution shows up as two
-effects, which is what the tests and the demo count. It can be queried by idempotency key,
-which is what the tools' reconcile hooks do.
+effects, which is what the tests and the demo count (by tenant, tool and key). It can be
+queried by call id, the key the tools forward, which is what their reconcile hooks do: unlike
+the caller's key it names one call whatever the key scope (under "tenant+principal", two
+principals' calls may share a key).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from schemas.keys import CallKey
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS effects (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     tenant_id TEXT NOT NULL, tool TEXT NOT NULL, idempotency_key TEXT NOT NULL,
-    resource_id TEXT NOT NULL, data TEXT NOT NULL);
+    resource_id TEXT NOT NULL, data TEXT NOT NULL, call_id TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS effects_by_key ON effects (tenant_id, tool, idempotency_key);
 CREATE TABLE IF NOT EXISTS tickets (
     ticket_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, title TEXT NOT NULL,
@@ -65,6 +69,8 @@ class HelpdeskStore:
                 try:
                     conn.execute("PRAGMA journal_mode=WAL")
                     conn.executescript(_DDL)
+                    _add_call_ids(conn)
+                    conn.execute("CREATE INDEX IF NOT EXISTS effects_by_call ON effects (call_id)")
                 except BaseException:
                     conn.close()
                     raise
@@ -88,6 +94,7 @@ class HelpdeskStore:
         tenant_id: str,
         tool: str,
         key: str,
+        call_id: str,
         resource_id: str,
         data: str,
         ticket: tuple[str, str, str] | None = None,
@@ -106,9 +113,9 @@ class HelpdeskStore:
                 if deadline is not None and datetime.now(UTC) > deadline:
                     raise DeadlineExceeded(f"{tool}: the request arrived after its deadline")
                 cur = self._conn.execute(
-                    "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (tenant_id, tool, key, resource_id, data),
+                    "INSERT INTO effects (tenant_id, tool, idempotency_key, call_id, resource_id, "
+                    "data) VALUES (?, ?, ?, ?, ?, ?)",
+                    (tenant_id, tool, key, call_id, resource_id, data),
                 )
                 if ticket is not None:
                     title, body, priority = ticket
@@ -122,12 +129,11 @@ class HelpdeskStore:
                 raise
             return int(cur.lastrowid or 0)
 
-    def find(self, tenant_id: str, tool: str, key: str) -> tuple[str, str] | None:
-        """The first effect recorded under this key: ``(resource_id, data)``."""
+    def find(self, call_id: str) -> tuple[str, str] | None:
+        """The first effect recorded for this call: ``(resource_id, data)``."""
         row = self._conn.execute(
-            "SELECT resource_id, data FROM effects WHERE tenant_id = ? AND tool = ? AND "
-            "idempotency_key = ? ORDER BY seq LIMIT 1",
-            (tenant_id, tool, key),
+            "SELECT resource_id, data FROM effects WHERE call_id = ? ORDER BY seq LIMIT 1",
+            (call_id,),
         ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
 
@@ -168,7 +174,13 @@ class HelpdeskStore:
         ]
 
     def close_ticket(
-        self, tenant_id: str, ticket_id: str, key: str, *, deadline: datetime | None = None
+        self,
+        tenant_id: str,
+        ticket_id: str,
+        key: str,
+        call_id: str,
+        *,
+        deadline: datetime | None = None,
     ) -> bool:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -181,12 +193,33 @@ class HelpdeskStore:
                 )
                 if cur.rowcount:
                     self._conn.execute(
-                        "INSERT INTO effects (tenant_id, tool, idempotency_key, resource_id, data)"
-                        " VALUES (?, 'close_ticket', ?, ?, '{}')",
-                        (tenant_id, key, ticket_id),
+                        "INSERT INTO effects (tenant_id, tool, idempotency_key, call_id, "
+                        "resource_id, data) VALUES (?, 'close_ticket', ?, ?, ?, '{}')",
+                        (tenant_id, key, call_id, ticket_id),
                     )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             return bool(cur.rowcount)
+
+
+def _add_call_ids(conn: sqlite3.Connection) -> None:
+    """A store made before effects named their call: its keys were the tenant's, so each
+    effect's call id is its tenant-scoped key's."""
+    conn.execute("BEGIN IMMEDIATE")  # all or nothing: a column half filled stays ''
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(effects)")}
+        if "call_id" not in columns:
+            conn.execute("ALTER TABLE effects ADD COLUMN call_id TEXT NOT NULL DEFAULT ''")
+            rows = conn.execute(
+                "SELECT seq, tenant_id, tool, idempotency_key FROM effects"
+            ).fetchall()
+            conn.executemany(
+                "UPDATE effects SET call_id = ? WHERE seq = ?",
+                [(CallKey(t, tool, key).call_id, seq) for seq, t, tool, key in rows],
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -166,9 +166,9 @@ class Helpdesk:
         )
 
     async def reconcile_export(self, ctx: ToolContext) -> ReconcileOutcome:
-        """By key: no job started (it may start now), a finished export, or a job whose file
+        """By call: no job started (it may start now), a finished export, or a job whose file
         is not there yet (ask again later)."""
-        found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+        found = self.store.find(ctx.call_id)
         if found is None:
             return NotHappened()
         answer = await self.poll_export(JobRef(job_id=found[0]), ctx)
@@ -193,6 +193,7 @@ class Helpdesk:
             ctx.tenant_id,
             ctx.tool,
             ctx.idempotency_key,
+            ctx.call_id,
             resource_id,
             data.model_dump_json(),
             ticket,
@@ -202,7 +203,7 @@ class Helpdesk:
 
     def reconciler(self, result: type[BaseModel], field: str) -> ReconcileHook:
         async def reconcile(ctx: ToolContext) -> ReconcileOutcome:
-            found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+            found = self.store.find(ctx.call_id)
             if found is None:
                 return NotHappened()
             resource_id, data = found
@@ -227,12 +228,12 @@ class Helpdesk:
                 suggested_action="List the tickets and pick one.",
             )
         self.store.close_ticket(
-            ctx.tenant_id, args.ticket_id, ctx.idempotency_key, deadline=ctx.deadline
+            ctx.tenant_id, args.ticket_id, ctx.idempotency_key, ctx.call_id, deadline=ctx.deadline
         )
         return ClosedTicket(ticket_id=args.ticket_id, status="closed")
 
     async def reconcile_close(self, ctx: ToolContext) -> ReconcileOutcome:
-        found = self.store.find(ctx.tenant_id, ctx.tool, ctx.idempotency_key)
+        found = self.store.find(ctx.call_id)
         if found is None:
             return NotHappened()
         return Found(ClosedTicket(ticket_id=found[0], status="closed").model_dump_json())

@@ -20,7 +20,6 @@ from producers.http.console.pages import render
 from producers.http.door import FrontDoor
 from producers.http.routes.calls import CALL_ID
 from schemas.calls import CallFilter, CallView, decode_cursor
-from schemas.keys import CallKey
 from schemas.status import CallStatus
 
 PAGE = 50
@@ -109,10 +108,11 @@ async def search(door: FrontDoor, tenant_id: str, fields: dict[str, str], cursor
         raise Refused(400, "Invalid", FOREIGN_LINK) from None
     page = await door.queries.search(tenant_id, where, limit=PAGE, after=after)
     if not page.items and where.tool and where.idempotency_key and after is None:
-        # a call waiting for a human has no row yet: find it by its key
-        waiting = await find_call(
-            door, tenant_id, CallKey(tenant_id, where.tool, where.idempotency_key).call_id
+        # a call waiting for a human has no row yet: find it by its key's approval request
+        asked = await door.queries.key_approval(
+            tenant_id, where.tool, where.idempotency_key, now=datetime.now(UTC)
         )
+        waiting = await find_call(door, tenant_id, asked.call_id) if asked else None
         return Found([waiting] if waiting else [])
     return Found(page.items, page.next_cursor)
 

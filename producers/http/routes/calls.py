@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from producers.approval_rules import reader_of, reads
 from producers.http.access import Caller
 from producers.http.call_views import awaiting_approval_view, read_only_view, view_bytes
 from producers.http.door import Door
@@ -40,7 +41,7 @@ async def get_call(call_id: str, door: Door, context: Caller) -> Response:
         view = await door.queries.get(context.tenant_id, call_id)
         view = view or await read_only_view(door, context.tenant_id, call_id)
         view = view or await awaiting_approval_view(door, context.tenant_id, call_id)
-    if view is None:
+    if view is None or not reads(context, view.call_key):
         raise not_found("No call with this id.", _NO_CALL)
     return Response(view_bytes(view), media_type=JSON)
 
@@ -66,7 +67,7 @@ async def search_calls(
         ) from None
     found = await door.queries.search(
         context.tenant_id,
-        CallFilter(tool, idempotency_key, run_id, status),
+        CallFilter(tool, idempotency_key, run_id, status, reader_of(context)),
         limit=limit,
         after=after,
     )
@@ -85,6 +86,8 @@ async def call_events(call_id: str, door: Door, context: Caller) -> Response:
         if CALL_ID.fullmatch(call_id)
         else None
     )
+    if events is not None and not reads(context, events[0]["envelope"]["call_key"]):
+        events = None
     if events is None:
         raise not_found("No call with this id.", _NO_CALL)
     return _json({"items": events, "next_cursor": None})

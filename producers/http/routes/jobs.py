@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from producers.approval_rules import reads
 from producers.client import TrustedContext, job_record
 from producers.http.access import OPERATOR, Caller
 from producers.http.call_views import projected, view_bytes
@@ -50,10 +51,16 @@ class JobReport(BaseModel):
 report_body = json_body(JobReport)
 
 
-async def _job_call(door: FrontDoor, context: TrustedContext, call_id: str) -> CallView:
+async def _job_call(
+    door: FrontDoor, context: TrustedContext, call_id: str, *, reporting: bool = False
+) -> CallView:
+    """The call's view; ``reporting``: for a job's report (a worker's credential reports the
+    jobs of every principal of its tenant), else only a call ``context`` reads."""
     view = (
         await door.queries.get(context.tenant_id, call_id) if CALL_ID.fullmatch(call_id) else None
     )
+    if view is not None and not (reporting or reads(context, view.call_key)):
+        view = None
     if view is None or view.job is None:
         raise refused(
             ErrorCode.JOB_NOT_FOUND,
@@ -89,7 +96,7 @@ async def report_job(
 ) -> Response:
     if JOBS_REPORT not in context.scopes:
         raise refused(ErrorCode.FORBIDDEN, f"Reporting a job needs the scope {JOBS_REPORT!r}.")
-    view = await _job_call(door, context, call_id)
+    view = await _job_call(door, context, call_id, reporting=True)
     error = None
     if body.status == "failed":
         reported = body.error or JobError(code="JOB_FAILED", message="The job failed.")
@@ -103,6 +110,7 @@ async def report_job(
     record = job_record(
         "report",
         context=context,
+        call_key=view.call_key,
         tool=view.tool,
         idempotency_key=view.idempotency_key,
         status=body.status,
@@ -122,7 +130,11 @@ async def cancel_job(call_id: str, door: Door, context: Caller) -> Response:
         raise refused(ErrorCode.FORBIDDEN, "Cancelling a job needs the scope 'tools:call'.")
     view = await _job_call(door, context, call_id)
     record = job_record(
-        "cancel", context=context, tool=view.tool, idempotency_key=view.idempotency_key
+        "cancel",
+        context=context,
+        call_key=view.call_key,
+        tool=view.tool,
+        idempotency_key=view.idempotency_key,
     )
     answer = await door.client.command(record)
     return await _answered(door, context, call_id, answer)

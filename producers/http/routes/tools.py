@@ -1,5 +1,6 @@
 """``GET /v1/tools``: the registered tools' manifests (what they do, their effect and risk,
-their arguments and result schemas), and the ledger's default key retention."""
+their arguments and result schemas, each with its key retention and key scope), and the
+ledger's default key retention and key scope."""
 
 from __future__ import annotations
 
@@ -24,5 +25,6 @@ async def list_tools(door: Door, context: Caller) -> Response:
         "next_cursor": None,
         "key_retention": door.key_retention,
         "key_retention_seconds": door.key_retention_seconds,
+        "key_scope": door.key_scope,
     }
     return Response(json.dumps(body, separators=(",", ":")).encode(), media_type=JSON)
