@@ -32,7 +32,7 @@ from rich.console import Console
 
 from bench import jobs_polling
 from bench.common import TOOL, Counter, make_registry, write_result
-from producers.client import TrustedContext
+from toolledger.producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
 from toolledger.settings import LedgerSettings
 

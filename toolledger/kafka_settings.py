@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from processors.tools.retention import (
+from toolledger.processors.tools.retention import (
     KeyRetention,
     RetentionError,
     check_retention,
     describe,
 )
-from schemas.topics import Topics
+from toolledger.schemas.topics import Topics
 from toolledger.config import ConfigError
 
 log = logging.getLogger("toolledger.settings")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from processors.tools.registry import ToolRegistry
+from toolledger.processors.tools.registry import ToolRegistry
 from tests.contract.embedded import EmbeddedHarness
 from tests.contract.harness import ACME, Harness, eventually
 from tests.contract.kafka import KafkaHarness

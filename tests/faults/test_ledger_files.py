@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.client import TrustedContext
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.client import TrustedContext
 from tests.faults.serve import EmbeddedServe
 from tests.http.servers import ROOT, free_port, write_tokens
 from toolledger.embedded import EmbeddedLedger

@@ -9,10 +9,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from producers.client import LedgerClient
-from projections.postgres import PostgresProjection
-from projections.projector import rebuild
 from tests.faults.procs import AGENT, Cluster, read_outcomes
+from toolledger.producers.client import LedgerClient
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.projector import rebuild
 
 pytestmark = pytest.mark.services
 

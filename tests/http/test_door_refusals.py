@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from schemas.keys import CallKey
+from toolledger.schemas.keys import CallKey
 from tests.http.helpers import assert_call, assert_problem, post_call
 from tests.http.servers import ACME, NO_SCOPE, OPERATOR, Server, Token
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from producers.http.ratelimit import (
+from toolledger.producers.http.ratelimit import (
     PRUNE_EVERY,
     PolicyError,
     RateLimiter,

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from processors.tools.retention import FOREVER, KeyRetention
-from schemas.topics import Topics
+from toolledger.processors.tools.retention import FOREVER, KeyRetention
+from toolledger.schemas.topics import Topics
 from tests.http.servers import ACME, REDACTION_SECRET, start_distributed, write_tokens
 from tests.services import Services
 from toolledger.cli import app

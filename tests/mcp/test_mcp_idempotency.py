@@ -33,9 +33,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.http.auth import TokenStore
-from producers.mcp_server import (
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.http.auth import TokenStore
+from toolledger.producers.mcp_server import (
     KEY_IN_PROGRESS_CODE,
     LedgerMcpServer,
     mcp_description,

@@ -31,9 +31,9 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from jwt.algorithms import RSAAlgorithm
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.http.app import create_app
-from producers.http.auth import TokenStore
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.http.app import create_app
+from toolledger.producers.http.auth import TokenStore
 from tests.mcp.common import (
     ACME_TOKEN,
     CHARGE,

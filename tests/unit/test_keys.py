@@ -11,7 +11,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from schemas.keys import (
+from toolledger.schemas.keys import (
     MAX_KEY_LENGTH,
     CallKey,
     InvalidIdempotencyKey,

@@ -14,15 +14,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.ledger import CallState, Policy, evolve, fold_all
-from processors.ledger.rows import call_row, event_json, state_of_row
-from processors.ports import CommitBatch
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.toolsets.helpdesk import HelpdeskStore
-from projections.rows import Position, audit_payload, event_row
-from projections.sqlite import SqliteCalls, SqliteReadModel
-from schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
-from schemas.keys import call_id_for
+from toolledger.processors.ledger import CallState, Policy, evolve, fold_all
+from toolledger.processors.ledger.rows import call_row, event_json, state_of_row
+from toolledger.processors.ports import CommitBatch
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.projections.rows import Position, audit_payload, event_row
+from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
+from toolledger.schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
+from toolledger.schemas.keys import call_id_for
 from tests.contract.harness import contract_registry
 from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
 from toolledger import TrustedContext

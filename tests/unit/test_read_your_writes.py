@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
-from processors.tools.registry import ToolRegistrationError, ToolRegistry
-from processors.tools.retention import (
+from toolledger.processors.tools.manifest import Tool, ToolContext, ToolDescription
+from toolledger.processors.tools.registry import ToolRegistrationError, ToolRegistry
+from toolledger.processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
     FOREVER,
     RetentionError,
