@@ -8,8 +8,8 @@ Node's ``avsc``; fastavro), with no other file to load first. The union is only 
 container: an event is written with its own record schema, whose fingerprint (the
 single-object header) is that record's, with the types it uses inlined.
 
-Regenerate after changing a ``.avsc`` file: ``python -m toolledger.schemas.bundle`` (a unit test fails
-while a bundle differs from what this module makes).
+Regenerate after changing a ``.avsc`` file: ``python -m toolledger.schemas.bundle`` (a unit
+test fails while a bundle differs from what this module makes).
 """
 
 from __future__ import annotations
