@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 import schemas  # the application's own modules, first on sys.path
-from toolledger import processors
-from toolledger import producers
+import processors
+import producers
 import toolledger
 from pydantic import BaseModel
 from toolledger import Ledger, Registry, ToolContext, TrustedContext
