@@ -39,7 +39,12 @@ from toolledger.producers.client import (
 )
 from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
 from toolledger.schemas.groups import GroupAnswer, GroupView
-from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, CallKey, InvalidIdempotencyKey, check_idempotency_key
+from toolledger.schemas.keys import (
+    DEFAULT_KEY_SCOPE,
+    CallKey,
+    InvalidIdempotencyKey,
+    check_idempotency_key,
+)
 from toolledger.schemas.nesting import NestingTooDeep
 from toolledger.schemas.status import CallStatus
 

@@ -43,7 +43,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from toolledger.producers.adapters import ToolSpec
 from toolledger.producers.approval_rules import reads
-from toolledger.producers.client import CallResult, LedgerClient, TransportError, TrustedContext, job_record
+from toolledger.producers.client import (
+    CallResult,
+    LedgerClient,
+    TransportError,
+    TrustedContext,
+    job_record,
+)
 from toolledger.schemas.calls import CallQueries, CallView
 from toolledger.schemas.errors import ErrorCode
 from toolledger.schemas.events import JobInfo, ToolCallRejected

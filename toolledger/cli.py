@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
-from toolledger.processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
-from toolledger.projections.sqlite import SqliteReadModel
 from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
@@ -53,10 +50,13 @@ from toolledger.options import (
     ServeKafkaOption,
     ServePostgresOption,
 )
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
+from toolledger.projections.sqlite import SqliteReadModel
 
 if TYPE_CHECKING:
-    from toolledger.processors.tools.registry import ToolRegistry
     from toolledger.http_server import ConnectionLimits
+    from toolledger.processors.tools.registry import ToolRegistry
     from toolledger.serve import Security
     from toolledger.settings import LedgerSettings
 
@@ -277,8 +277,6 @@ def topics(
     with the intents' retention (a group's events carry its steps' literal arguments), and the
     settings topic, which records the deployment's key retention."""
     _require("kafka", what="toolledger topics")
-    from toolledger.processors.tools.retention import RetentionError, describe, parse_retention
-    from toolledger.schemas.topics import Topics
     from toolledger.kafka_admin import (
         TopicError,
         apply_topic_configs,
@@ -290,6 +288,8 @@ def topics(
         recorded_key_retention,
         set_key_retention,
     )
+    from toolledger.processors.tools.retention import RetentionError, describe, parse_retention
+    from toolledger.schemas.topics import Topics
 
     try:
         intents_ms = _retention_ms(
@@ -392,8 +392,8 @@ def projector(
 ) -> None:
     """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
     _require("kafka", "postgres", what="toolledger projector")
-    from toolledger.schemas.topics import Topics
     from toolledger.distributed import run_projector
+    from toolledger.schemas.topics import Topics
 
     try:
         keep = _optional_retention(audit_retention, "--audit-retention")
@@ -470,8 +470,8 @@ def replay(
             log.close()
     else:
         _require("kafka", "postgres", what="toolledger replay without --data")
-        from toolledger.schemas.topics import Topics
         from toolledger.distributed import ProjectorsRunning, replay_distributed
+        from toolledger.schemas.topics import Topics
 
         try:
             with console.status("rebuilding the PostgreSQL projections from Kafka"):
@@ -526,9 +526,9 @@ def report(
     argument validity, repeated calls, recoveries, order against the groups' dependencies,
     budget and permission refusals, human rejections, UNKNOWNs, and the production metrics
     (docs/evaluation.md)."""
-    from toolledger.schemas.evaluation import FORMATS, render
     from toolledger.analytics import AnalyticsError, read_side, window
     from toolledger.analytics import report as evaluate
+    from toolledger.schemas.evaluation import FORMATS, render
 
     if postgres is not None:
         _require("postgres", what="toolledger report --postgres")
@@ -712,10 +712,10 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
-    from toolledger.producers.http.auth import TokenFileError, TokenStore
-    from toolledger.producers.http.door_state import RunBudget
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
+    from toolledger.producers.http.auth import TokenFileError, TokenStore
+    from toolledger.producers.http.door_state import RunBudget
 
     # nothing is written before every check passed: no --data left behind by a refusal
     source = ToolSource(tools, demo, data / "helpdesk.db")
@@ -827,8 +827,8 @@ class _DoorSpec:
     ) -> None:
         """On ``host:port`` (bound once the front door is open), or on the bound ``sock`` of
         a worker."""
-        from toolledger.producers.http.app import create_app
         from toolledger import serve as wiring
+        from toolledger.producers.http.app import create_app
         from toolledger.serving import bind, serve_socket
 
         async with wiring.front_door(self.settings, registry, self.security) as front:

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from toolledger.embedded import EmbeddedLedger
 from toolledger.processors.groups import compensation_key, step_key
 from toolledger.processors.tools.manifest import RetryPolicy
 from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
@@ -20,7 +21,6 @@ from toolledger.producers.client import CallResult, LedgerClient, TrustedContext
 from toolledger.producers.keys import derive_idempotency_key
 from toolledger.schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
 from toolledger.schemas.status import CallStatus
-from toolledger.embedded import EmbeddedLedger
 from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "support-agent-7")

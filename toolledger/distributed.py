@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
+from toolledger.audit import audit_retention as audit_retention_of
+from toolledger.kafka_admin import ensure_topics
+from toolledger.kafka_settings import agreed_key_retention
 from toolledger.processors.pipeline import Stages
 from toolledger.processors.runtime.kafka import KafkaExecutor
 from toolledger.processors.tools.redaction import Redactor
 from toolledger.processors.tools.registry import ToolRegistry
 from toolledger.schemas.topics import Topics
-from toolledger.audit import audit_retention as audit_retention_of
-from toolledger.kafka_admin import ensure_topics
-from toolledger.kafka_settings import agreed_key_retention
 from toolledger.settings import LedgerSettings
 
 if TYPE_CHECKING:

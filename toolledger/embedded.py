@@ -8,6 +8,7 @@ import random
 import time
 from types import TracebackType
 
+from toolledger.groups import embedded_groups
 from toolledger.processors.pipeline import Stages
 from toolledger.processors.ports import Clock
 from toolledger.processors.runtime.embedded import EmbeddedRuntime
@@ -19,7 +20,6 @@ from toolledger.producers.client import LedgerClient
 from toolledger.producers.outcomes import OutcomeHub
 from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
 from toolledger.schemas.events import Event
-from toolledger.groups import embedded_groups
 from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.embedded")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from toolledger.config import ConfigError
 from toolledger.processors.tools.retention import (
     KeyRetention,
     RetentionError,
@@ -28,7 +29,6 @@ from toolledger.processors.tools.retention import (
     describe,
 )
 from toolledger.schemas.topics import Topics
-from toolledger.config import ConfigError
 
 log = logging.getLogger("toolledger.settings")
 

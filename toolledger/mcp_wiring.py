@@ -213,11 +213,11 @@ def register_mcp_command(app: typer.Typer) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
 
-        from toolledger.processors.runtime.sqlite_ledger import LedgerFileError
-        from toolledger.producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
         from toolledger.config import ConfigError, ToolSource
         from toolledger.heap import releasing_free_memory
+        from toolledger.processors.runtime.sqlite_ledger import LedgerFileError
+        from toolledger.producers.http.auth import TokenFileError, TokenStore
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from toolledger.config import ConfigError
 from toolledger.processors.runtime.ledger_file import LedgerFileError, must_create, traces
 from toolledger.processors.toolsets.helpdesk import holds_effects
 from toolledger.schemas.keys import KeyScope
-from toolledger.config import ConfigError
 
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
     from toolledger.producers.http.auth import TokenStore

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from toolledger.audit import audit_retention as keep_audit
+from toolledger.backends import backend_factory
+from toolledger.config import ConfigError
+from toolledger.http_server import ConnectionLimits, serve_app
 from toolledger.processors.tools.registry import ToolRegistry
 from toolledger.processors.tools.retention import describe, seconds_of
 from toolledger.producers.client import LedgerClient
@@ -28,10 +32,6 @@ from toolledger.producers.http.jwt_auth import (
 )
 from toolledger.producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
 from toolledger.schemas.calls import CallQueries
-from toolledger.audit import audit_retention as keep_audit
-from toolledger.backends import backend_factory
-from toolledger.config import ConfigError
-from toolledger.http_server import ConnectionLimits, serve_app
 from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.serve")

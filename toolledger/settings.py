@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from toolledger.config import DEFAULT_KAFKA, ConfigError
 from toolledger.processors.executor import DEFAULT_CONCURRENCY
 from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
 from toolledger.processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, DEFAULT_MAX_ARGUMENT_BYTES
@@ -23,7 +24,6 @@ from toolledger.processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from toolledger.processors.tools.retention import FOREVER, KeyRetention, parse_retention
 from toolledger.schemas.keys import KeyScope
 from toolledger.schemas.topics import Topics
-from toolledger.config import DEFAULT_KAFKA, ConfigError
 
 EMBEDDED = "embedded"
 KAFKA = "kafka"

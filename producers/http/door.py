@@ -14,7 +14,12 @@ from prometheus_client import Counter
 from toolledger.producers.client import LedgerClient
 from toolledger.producers.governance import DEFAULT_TOKEN_TTL
 from toolledger.producers.http.applied import AppliedWatch
-from toolledger.producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore, failure_counter
+from toolledger.producers.http.auth import (
+    Authenticator,
+    CombinedAuthenticator,
+    TokenStore,
+    failure_counter,
+)
 from toolledger.producers.http.door_state import RunBudget, SwitchCache
 from toolledger.producers.http.jwt_auth import JwtAuthenticator
 from toolledger.producers.http.metrics import Metrics

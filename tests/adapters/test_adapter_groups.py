@@ -16,6 +16,9 @@ from typing import Any, cast
 import pytest
 from anthropic.types import TextBlock, ToolResultBlockParam, ToolUseBlock
 
+from tests.over_http import over_http
+from toolledger import Ledger, TrustedContext
+from toolledger.embedded import EmbeddedLedger
 from toolledger.processors.groups import step_key
 from toolledger.processors.groups.definition import STEP_ID_PATTERN
 from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
@@ -43,9 +46,6 @@ from toolledger.projections.dialect import SQLITE
 from toolledger.projections.groups import search_groups, views
 from toolledger.schemas.groups import GroupView
 from toolledger.schemas.keys import CallKey
-from tests.over_http import over_http
-from toolledger import Ledger, TrustedContext
-from toolledger.embedded import EmbeddedLedger
 from toolledger.settings import LedgerSettings
 
 ACME = TrustedContext("acme", "agent-a")

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tests.contract.harness import ACME, Harness, eventually
 from toolledger.processors.tools.manifest import (
     EffectClass,
     JobRef,
@@ -24,7 +25,6 @@ from toolledger.producers.client import CallResult, job_record
 from toolledger.schemas.events import ToolCallRejected, ToolCallSucceeded
 from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, CallKey
 from toolledger.schemas.status import CallStatus
-from tests.contract.harness import ACME, Harness, eventually
 
 
 class Export(BaseModel):

@@ -14,6 +14,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.contract.harness import contract_registry
+from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
+from toolledger import TrustedContext
+from toolledger.embedded import EmbeddedLedger
 from toolledger.processors.ledger import CallState, Policy, evolve, fold_all
 from toolledger.processors.ledger.rows import call_row, event_json, state_of_row
 from toolledger.processors.ports import CommitBatch
@@ -23,10 +27,6 @@ from toolledger.projections.rows import Position, audit_payload, event_row
 from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
 from toolledger.schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
 from toolledger.schemas.keys import call_id_for
-from tests.contract.harness import contract_registry
-from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
-from toolledger import TrustedContext
-from toolledger.embedded import EmbeddedLedger
 from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from toolledger.config import ConfigError
 from toolledger.processors.tools.manifest import Tool, ToolContext, ToolDescription
 from toolledger.processors.tools.registry import ToolRegistrationError, ToolRegistry
 from toolledger.processors.tools.retention import (
@@ -19,7 +20,6 @@ from toolledger.processors.tools.retention import (
     parse_retention,
     seconds_of,
 )
-from toolledger.config import ConfigError
 from toolledger.settings import LedgerSettings
 
 

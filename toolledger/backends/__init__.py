@@ -19,12 +19,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
+from toolledger.config import ConfigError
 from toolledger.processors.runtime.group_runner import GroupRunner
 from toolledger.processors.tools.registry import ToolRegistry
 from toolledger.producers.client import LedgerClient
 from toolledger.producers.http.door import IntentArguments
 from toolledger.schemas.calls import CallQueries
-from toolledger.config import ConfigError
 from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
 MODULES = {EMBEDDED: "toolledger.backends.embedded", KAFKA: "toolledger.backends.kafka"}
