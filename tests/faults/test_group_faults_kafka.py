@@ -29,6 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.faults.procs import CliProcess, Cluster, read_outcomes
+from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
+from tests.services import Services
 from toolledger.processors.groups import compensation_key, step_key
 from toolledger.schemas.events import (
     Event,
@@ -38,9 +41,6 @@ from toolledger.schemas.events import (
 )
 from toolledger.schemas.keys import CallKey, KeyScope
 from toolledger.schemas.topics import Topics
-from tests.faults.procs import CliProcess, Cluster, read_outcomes
-from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
-from tests.services import Services
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(280)]
 

@@ -86,9 +86,7 @@ async def test_every_event_read_back_equals_the_event_on_the_log(tmp_path: Path)
             call_id = call_id_for(env.call_key, env.idempotency_key, env.intent_id)
             by_call.setdefault(call_id, []).append(_whole(event))
         stored = ledger.file.conn.execute("SELECT event_type FROM tool_call_events").fetchall()
-        audit_columns = {
-            r[1] for r in ledger.file.conn.execute("PRAGMA table_info(audit_events)")
-        }
+        audit_columns = {r[1] for r in ledger.file.conn.execute("PRAGMA table_info(audit_events)")}
         read = {c: await reads.events(ALICE.tenant_id, c) for c in by_call}
     assert len(logged) >= 5 and len(stored) == len(logged)
     # each event stored once: in the log; the audit trail's rows index it, they hold no copy

@@ -49,9 +49,7 @@ class BackendFactory(ABC):
         self.settings = settings
 
     @abstractmethod
-    def open(
-        self, registry: ToolRegistry | None
-    ) -> AbstractAsyncContextManager[BackendParts]:
+    def open(self, registry: ToolRegistry | None) -> AbstractAsyncContextManager[BackendParts]:
         """The backend, open while the block runs, for the tools of ``registry`` (the
         settings' key retention applied to it); ``None``: a client that only appends calls
         (``Ledger.kafka`` without tools). :class:`~toolledger.config.ConfigError` in one line
