@@ -7,6 +7,7 @@ fault tests in ``tests/faults`` run it as a separate process and kill it for rea
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,25 @@ from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
 
 SECRET = b"contract-suite-redaction-key-0123456789"
+
+
+async def abandon(executor: KafkaExecutor) -> None:
+    """Abandon everything at once, as a killed process would: running calls are cancelled
+    and nothing after the last committed transaction survives (the executor's own ``stop``
+    drains and releases instead)."""
+    if executor._loop_task is not None:
+        executor._loop_task.cancel()
+    for owned in executor.owned.values():
+        await owned.executor.stop()
+    for owned in executor.owned.values():
+        with contextlib.suppress(Exception):
+            await owned.producer.stop()
+        owned.local.close()
+    executor.owned.clear()
+    if executor._consumer is not None:
+        with contextlib.suppress(Exception):
+            await executor._consumer.stop()
+    executor._cleanup()
 
 
 class KafkaHarness(Harness):
@@ -82,7 +102,7 @@ class KafkaHarness(Harness):
 
     async def crash(self) -> None:
         if self.executor is not None:
-            await self.executor.crash()
+            await abandon(self.executor)
             self.executor = None
 
     async def close(self) -> None:
