@@ -23,6 +23,7 @@ from producers.kafka import KafkaTransport
 from projections.postgres import PostgresProjection
 from projections.projector import KafkaProjector, rebuild
 from schemas.topics import Topics
+from tests import postgres_reads
 from tests.contract.harness import Harness, eventually
 from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
@@ -126,12 +127,12 @@ class KafkaHarness(Harness):
     async def call_rows(self) -> list[dict[str, Any]]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.call_rows()
+        return await postgres_reads.call_rows(self.projection)
 
     async def event_rows(self) -> list[dict[str, Any]]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.event_rows()
+        return await postgres_reads.event_rows(self.projection)
 
     async def rebuild(self) -> None:
         await self._settle()
@@ -152,4 +153,4 @@ class KafkaHarness(Harness):
     async def dead_letter_reasons(self) -> list[str]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.dead_letter_reasons()
+        return await postgres_reads.dead_letter_reasons(self.projection)
