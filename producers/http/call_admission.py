@@ -68,4 +68,4 @@ def _rate_limited(
     )
 
 
-Admitted = Annotated[None, Depends(admit)]
+AdmissionChecked = Annotated[None, Depends(admit)]

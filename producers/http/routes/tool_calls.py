@@ -18,7 +18,7 @@ from starlette.routing import Route
 from producers.client import CallResult
 from producers.http.access import Authenticated, bearer
 from producers.http.approval_wait import awaited_request, decided_within
-from producers.http.call_admission import Admitted, admit
+from producers.http.call_admission import AdmissionChecked, admit
 from producers.http.call_answer import answer, queued_probe
 from producers.http.call_input import (
     Body,
@@ -53,7 +53,7 @@ async def call_tool(
     info: KnownTool,
     body: Body,
     key: Key,
-    _admitted: Admitted,
+    _checked: AdmissionChecked,
     wait: Wait,
     decision_wait: DecisionWait,
 ) -> Response:
