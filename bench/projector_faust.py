@@ -74,6 +74,7 @@ from schemas.codec import encode
 from schemas.events import Envelope, Event, ToolCallStarted, ToolCallSucceeded
 from schemas.keys import CallKey, partition_for
 from schemas.topics import INTENT_ID_HEADER, Topics
+from tests import postgres_reads
 from toolledger.kafka_admin import ensure_topics
 
 DEFAULT_OUT = Path("bench/results/projector_faust.json")
@@ -278,8 +279,8 @@ async def run_one(
         t_stop = time.perf_counter()
         await projector.stop()
         stop_s = time.perf_counter() - t_stop
-        rows = await projection.call_rows()
-        audit = len(await projection.event_rows())
+        rows = await postgres_reads.call_rows(projection)
+        audit = len(await postgres_reads.event_rows(projection))
     steady = expected - first_events
     steady_s = t_done - t_first
     return Run(

@@ -11,7 +11,7 @@ from fastapi import Depends
 
 from producers.client import TrustedContext
 from producers.http import governance
-from producers.http.access import Caller
+from producers.http.access import Authenticated
 from producers.http.call_answer import retry_after
 from producers.http.call_input import Body, Key, KnownTool
 from producers.http.door import Door, FrontDoor
@@ -23,7 +23,7 @@ from schemas.errors import ErrorCode, ErrorInfo
 log = logging.getLogger("toolledger.http")
 
 
-async def admit(door: Door, context: Caller, info: KnownTool, body: Body, key: Key) -> None:
+async def admit(door: Door, context: Authenticated, info: KnownTool, body: Body, key: Key) -> None:
     """Refuses the call (raises) if this front door refuses it itself."""
     tool = info.name
 
@@ -68,4 +68,4 @@ def _rate_limited(
     )
 
 
-Admitted = Annotated[None, Depends(admit)]
+AdmissionChecked = Annotated[None, Depends(admit)]
