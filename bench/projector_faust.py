@@ -65,6 +65,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.common import write_result
 from bench.faust_projector import PROCESSING_GUARANTEE, FaustProjector
 from bench.kafka import delete_topics
+from tests import postgres_reads
 from toolledger.kafka_admin import ensure_topics
 from toolledger.processors.ledger import fold_all
 from toolledger.processors.ledger.rows import call_row
@@ -278,8 +279,8 @@ async def run_one(
         t_stop = time.perf_counter()
         await projector.stop()
         stop_s = time.perf_counter() - t_stop
-        rows = await projection.call_rows()
-        audit = len(await projection.event_rows())
+        rows = await postgres_reads.call_rows(projection)
+        audit = len(await postgres_reads.event_rows(projection))
     steady = expected - first_events
     steady_s = t_done - t_first
     return Run(

@@ -41,8 +41,8 @@ __all__ = [
     "Deny",
     "LedgerApprovals",
     "PendingApproval",
+    "apply_decision",
     "approvals_for",
-    "decide",
     "decide_as_named",
     "deny_reason",
     "pending_approval",
@@ -233,7 +233,7 @@ def approvals_for(client: object) -> Approvals:
     )
 
 
-async def decide(
+async def apply_decision(
     approvals: Approvals,
     request: PendingApproval,
     context: TrustedContext,
@@ -271,4 +271,6 @@ async def decide_as_named(
     its request, as ``context`` (refusing runs nothing)."""
     if approver is None and approvals is None and isinstance(decision, Approve):
         return Decision(request.id, NO_DECIDER)
-    return await decide(approvals or approvals_for(client), request, approver or context, decision)
+    return await apply_decision(
+        approvals or approvals_for(client), request, approver or context, decision
+    )

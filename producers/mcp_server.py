@@ -161,7 +161,7 @@ from toolledger.producers.approvals import (
     Deny,
     LedgerApprovals,
     PendingApproval,
-    decide,
+    apply_decision,
     pending_approval,
 )
 from toolledger.producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
@@ -899,7 +899,7 @@ class LedgerMcpServer:
                 return answer
             if answer is not None:
                 # the client asked its human: the user's own answer, whatever the token holds
-                decided = await decide(
+                decided = await apply_decision(
                     self.approvals, request, confirmed_in_person(context), _confirmation(answer)
                 )
                 result = (

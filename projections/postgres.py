@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
-import json
 import logging
 import operator
 import re
@@ -566,58 +565,6 @@ class PostgresProjection:
                 (consumer, topic),
             )
             return {int(p): int(o) for p, o in await cur.fetchall()}
-
-    async def call_rows(self) -> list[dict[str, Any]]:
-        """Every ``tool_calls`` row (the columns of ``CALL_COLUMNS`` and the analysts'), by
-        ``call_id``."""
-        return await self._rows(
-            sql.SQL("SELECT {} FROM tool_calls ORDER BY call_id").format(_ids(_CALL_COLUMNS))
-        )
-
-    async def event_rows(self) -> list[dict[str, Any]]:
-        """Every audit row (``EVENT_COLUMNS`` and the analysts': ``seq`` left out), by
-        ``event_id``."""
-        return await self._rows(
-            sql.SQL("SELECT {} FROM tool_call_events ORDER BY event_id").format(
-                _ids(_EVENT_COLUMNS)
-            )
-        )
-
-    async def dead_letter_rows(self) -> list[dict[str, Any]]:
-        """Every dead letter (topic, partition, offset, reason, payload, record_key, headers),
-        by topic and place."""
-        rows = await self._rows(
-            sql.SQL(
-                'SELECT topic, partition, "offset", reason, payload, record_key, headers '
-                'FROM dead_letters ORDER BY topic, partition, "offset"'
-            )
-        )
-        # jsonb reads as its text on the pool's connections (_configure): the headers' list
-        return [row | {"headers": json.loads(row["headers"])} for row in rows]
-
-    async def dead_letter_reasons(self, topic: str | None = None) -> list[str]:
-        """The reasons of the dead letters (of ``topic``, if given), in the order recorded."""
-        async with self._transaction("read dead letters") as conn:
-            cur = await conn.execute(
-                "SELECT reason FROM dead_letters WHERE %(topic)s::text IS NULL "
-                "OR topic = %(topic)s ORDER BY id",
-                {"topic": topic},
-            )
-            return [str(r[0]) for r in await cur.fetchall()]
-
-    async def dead_letter_count(self) -> int:
-        async with self._transaction("count dead letters") as conn:
-            cur = await conn.execute("SELECT count(*) FROM dead_letters")
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
-
-    async def _rows(self, query: sql.Composed | sql.SQL) -> list[dict[str, Any]]:
-        async with (
-            self._transaction("read rows") as conn,
-            conn.cursor(row_factory=dict_row) as cur,
-        ):
-            await cur.execute(query)
-            return await cur.fetchall()
 
 
 class PostgresCalls(search.CallReads, governance.GovernanceReads):

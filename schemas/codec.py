@@ -153,7 +153,10 @@ _Path = tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class _Writer:
+class _EventCodec:
+    """How one event type is encoded: its current schema, its single-object header, and
+    where its datetimes are."""
+
     event_type: str
     schema: Schema
     header: bytes
@@ -341,8 +344,8 @@ class Codec:
         self.schemas: Mapping[str, Schema] = MappingProxyType(current)
         """Event type -> current parsed schema (the newest version)."""
 
-        self._writers: dict[str, _Writer] = {
-            name: _Writer(
+        self._writers: dict[str, _EventCodec] = {
+            name: _EventCodec(
                 event_type=name,
                 schema=schema,
                 header=MARKER + _fingerprint(schema),

@@ -295,10 +295,6 @@ class EmbeddedRuntime:
         for p in range(self.ledger.partitions):
             executor.submit(record, p)  # type: ignore[arg-type]
 
-    def send_raw(self, value: bytes) -> None:
-        """Encoded bytes from outside (decoded, or dead-lettered)."""
-        self._executor().feed_raw(0, value)
-
     async def drain(self) -> None:
         """Wait until everything handed over is decided and written (the read model derived)."""
         await self._executor().drain()

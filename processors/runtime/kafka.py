@@ -453,22 +453,6 @@ class KafkaExecutor:
             self._private_dir.cleanup()
             self._private_dir = None
 
-    async def crash(self) -> None:
-        """Abandon everything at once, as a killed process would (tests use it)."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-        for owned in self.owned.values():
-            await owned.executor.stop()
-        for owned in self.owned.values():
-            with contextlib.suppress(Exception):
-                await owned.producer.stop()
-            owned.local.close()
-        self.owned.clear()
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.stop()
-        self._cleanup()
-
     async def drain(self) -> None:
         for owned in list(self.owned.values()):
             await owned.executor.drain()

@@ -93,10 +93,10 @@ class BearerAuthentication(SecurityBase):
 
 
 bearer = BearerAuthentication()
-Caller = Annotated[TrustedContext, Depends(bearer)]
+Authenticated = Annotated[TrustedContext, Depends(bearer)]
 
 
-async def operator(context: Caller, door: Door) -> TrustedContext:
+async def operator(context: Authenticated, door: Door) -> TrustedContext:
     if OPERATOR not in context.scopes and GLOBAL_OPERATOR not in context.scopes:
         door.metrics.rejections.labels("-", ErrorCode.FORBIDDEN.value).inc()
         raise refused(ErrorCode.FORBIDDEN, "This needs the scope 'operator'.")

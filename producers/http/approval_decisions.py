@@ -41,11 +41,6 @@ def may_see_action(context: TrustedContext, view: ApprovalView) -> bool:
     return is_operator(context) or is_requester(context, view)
 
 
-def may_decide(context: TrustedContext, view: ApprovalView) -> bool:
-    """Whether ``context`` may decide ``view`` at all (deny it, at least)."""
-    return deny_refusal(context, view) is None
-
-
 async def exact_arguments(door: FrontDoor, view: ApprovalView) -> Any | None:
     """The request's arguments as the caller sent them, read from the intents (where raw
     arguments live): the intent of the call key whose arguments have the request's digest.

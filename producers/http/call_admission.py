@@ -11,7 +11,7 @@ from fastapi import Depends
 
 from toolledger.producers.client import TrustedContext
 from toolledger.producers.http import governance
-from toolledger.producers.http.access import Caller
+from toolledger.producers.http.access import Authenticated
 from toolledger.producers.http.call_answer import retry_after
 from toolledger.producers.http.call_input import Body, Key, KnownTool
 from toolledger.producers.http.door import Door, FrontDoor
@@ -23,7 +23,7 @@ from toolledger.schemas.errors import ErrorCode, ErrorInfo
 log = logging.getLogger("toolledger.http")
 
 
-async def admit(door: Door, context: Caller, info: KnownTool, body: Body, key: Key) -> None:
+async def admit(door: Door, context: Authenticated, info: KnownTool, body: Body, key: Key) -> None:
     """Refuses the call (raises) if this front door refuses it itself."""
     tool = info.name
 
@@ -68,4 +68,4 @@ def _rate_limited(
     )
 
 
-Admitted = Annotated[None, Depends(admit)]
+AdmissionChecked = Annotated[None, Depends(admit)]

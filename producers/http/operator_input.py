@@ -12,7 +12,13 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
-from toolledger.producers.http.access import GLOBAL_OPERATOR, OPERATOR, Caller, Operator, tenant_of
+from toolledger.producers.http.access import (
+    GLOBAL_OPERATOR,
+    OPERATOR,
+    Authenticated,
+    Operator,
+    tenant_of,
+)
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.errors import ProblemError, invalid, not_found, refused
 from toolledger.producers.http.problems import problem
@@ -65,7 +71,7 @@ async def approval(approval_id: str, door: Door, context: Operator) -> ApprovalV
     return view
 
 
-async def readable_approval(approval_id: str, door: Door, context: Caller) -> ApprovalView:
+async def readable_approval(approval_id: str, door: Door, context: Authenticated) -> ApprovalView:
     """A request as its reader may see it: the tenant's operators see every one, the principal
     who asked sees its own (so an agent can follow the approval it waits for); to anyone else
     it is not found."""
@@ -77,7 +83,7 @@ async def readable_approval(approval_id: str, door: Door, context: Caller) -> Ap
     return view
 
 
-async def decidable_approval(approval_id: str, door: Door, context: Caller) -> ApprovalView:
+async def decidable_approval(approval_id: str, door: Door, context: Authenticated) -> ApprovalView:
     """A pending request of the caller's tenant (every tenant for a global operator): 404
     otherwise, 409 once decided or expired. Whether this caller may decide it is the
     decision's rule (``producers.http.approval_decisions``: 403)."""

@@ -75,7 +75,9 @@ class EmbeddedHarness(Harness):
 
     async def send_raw(self, value: bytes) -> None:
         assert self.ledger is not None and self.ledger.runtime is not None
-        self.ledger.runtime.send_raw(value)
+        executor = self.ledger.runtime.executor
+        assert executor is not None, "the embedded ledger is not running"
+        executor.feed_raw(0, value)  # decoded, or dead-lettered
 
     async def dead_letter_reasons(self) -> list[str]:
         assert self.ledger is not None and self.ledger.runtime is not None

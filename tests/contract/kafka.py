@@ -7,12 +7,14 @@ fault tests in ``tests/faults`` run it as a separate process and kill it for rea
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from tests import postgres_reads
 from tests.contract.harness import Harness, eventually
 from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
@@ -27,6 +29,25 @@ from toolledger.projections.projector import KafkaProjector, rebuild
 from toolledger.schemas.topics import Topics
 
 SECRET = b"contract-suite-redaction-key-0123456789"
+
+
+async def abandon(executor: KafkaExecutor) -> None:
+    """Abandon everything at once, as a killed process would: running calls are cancelled
+    and nothing after the last committed transaction survives (the executor's own ``stop``
+    drains and releases instead)."""
+    if executor._loop_task is not None:
+        executor._loop_task.cancel()
+    for owned in executor.owned.values():
+        await owned.executor.stop()
+    for owned in executor.owned.values():
+        with contextlib.suppress(Exception):
+            await owned.producer.stop()
+        owned.local.close()
+    executor.owned.clear()
+    if executor._consumer is not None:
+        with contextlib.suppress(Exception):
+            await executor._consumer.stop()
+    executor._cleanup()
 
 
 class KafkaHarness(Harness):
@@ -82,7 +103,7 @@ class KafkaHarness(Harness):
 
     async def crash(self) -> None:
         if self.executor is not None:
-            await self.executor.crash()
+            await abandon(self.executor)
             self.executor = None
 
     async def close(self) -> None:
@@ -106,12 +127,12 @@ class KafkaHarness(Harness):
     async def call_rows(self) -> list[dict[str, Any]]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.call_rows()
+        return await postgres_reads.call_rows(self.projection)
 
     async def event_rows(self) -> list[dict[str, Any]]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.event_rows()
+        return await postgres_reads.event_rows(self.projection)
 
     async def rebuild(self) -> None:
         await self._settle()
@@ -132,4 +153,4 @@ class KafkaHarness(Harness):
     async def dead_letter_reasons(self) -> list[str]:
         await self._settle()
         assert self.projection is not None
-        return await self.projection.dead_letter_reasons()
+        return await postgres_reads.dead_letter_reasons(self.projection)

@@ -9,6 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests import postgres_reads
 from tests.faults.procs import AGENT, Cluster, read_outcomes
 from toolledger.producers.client import LedgerClient
 from toolledger.projections.postgres import PostgresProjection
@@ -67,7 +68,10 @@ async def test_sigkilled_projector_resumes_without_gaps_or_duplicates(
     rebuilt_dsn = await cluster.services.fresh_database()
     async with PostgresProjection(live_dsn) as live, PostgresProjection(rebuilt_dsn) as rebuilt:
         await rebuild(cluster.services.kafka, cluster.topics, rebuilt)
-        live_events, rebuilt_events = await live.event_rows(), await rebuilt.event_rows()
+        live_events, rebuilt_events = (
+            await postgres_reads.event_rows(live),
+            await postgres_reads.event_rows(rebuilt),
+        )
         assert len(live_events) == total
         assert live_events == rebuilt_events
-        assert await live.call_rows() == await rebuilt.call_rows()
+        assert await postgres_reads.call_rows(live) == await postgres_reads.call_rows(rebuilt)

@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from psycopg.conninfo import make_conninfo
 
 from bench.faust_projector import FaustProjector
+from tests import postgres_reads
 from tests.integration.test_postgres_projection import (
     calls_of,
     eventually,
@@ -167,8 +168,8 @@ async def test_faust_projector_catches_up_with_the_rows_of_the_aiokafka_projecto
             await eventually("the aiokafka projector catches up", projector.caught_up)
         plain_rows = (
             await calls_of(plain),
-            await plain.event_rows(),
-            await plain.dead_letter_rows(),
+            await postgres_reads.event_rows(plain),
+            await postgres_reads.dead_letter_rows(plain),
         )
 
     async with PostgresProjection(await new_projection()) as on_faust:
@@ -178,8 +179,8 @@ async def test_faust_projector_catches_up_with_the_rows_of_the_aiokafka_projecto
             assert projector_f.events_applied == len(events)
         faust_rows = (
             await calls_of(on_faust),
-            await on_faust.event_rows(),
-            await on_faust.dead_letter_rows(),
+            await postgres_reads.event_rows(on_faust),
+            await postgres_reads.dead_letter_rows(on_faust),
         )
 
     assert faust_rows[0] == expected

@@ -11,7 +11,7 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from tests.services import Services
 from toolledger.processors.groups.facts import StepTool
-from toolledger.processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall
+from toolledger.processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall, StepCaller
 from toolledger.processors.tools.group_tools import step_tools
 from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger.projections.postgres import PostgresProjection
@@ -29,8 +29,6 @@ from toolledger.schemas.groups import GroupAnswer
 from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
-
-Caller = Callable[[StepCall], Awaitable[StepAnswer]]
 
 
 def tools() -> dict[str, StepTool]:
@@ -53,7 +51,7 @@ async def hang(step: StepCall) -> StepAnswer:
 
 @contextlib.asynccontextmanager
 async def front_door(
-    dsn: str, call: Caller, facts: dict[str, StepTool], **options: Any
+    dsn: str, call: StepCaller, facts: dict[str, StepTool], **options: Any
 ) -> AsyncIterator[GroupRunner]:
     """One front door's orchestrator: its own PostgreSQL session holds its claims."""
     async with PostgresProjection(dsn) as projection:

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests import postgres_reads
 from tests.unit.test_governance_views import sqlite_load, sqlite_with
 from toolledger.processors.ledger import CallState, fold_all
 from toolledger.processors.ledger.rows import CALL_COLUMNS, call_row, state_of_row
@@ -258,7 +259,7 @@ def expected_calls(events: Iterable[Event]) -> list[dict[str, Any]]:
 
 async def calls_of(projection: PostgresProjection) -> list[dict[str, Any]]:
     """The ``tool_calls`` rows as :func:`expected_calls` gives them."""
-    return normalised(await projection.call_rows())
+    return normalised(await postgres_reads.call_rows(projection))
 
 
 # ------------------------------------------------------------------------------- fixtures
@@ -389,7 +390,7 @@ async def test_apply_folds_a_realistic_history(projection: PostgresProjection) -
     result = await projection.apply(batch, CONSUMER, TOPIC)
     assert (result.new_events, result.calls_changed) == (len(events), 3)
 
-    rows = {r["call_key"]: r for r in await projection.call_rows()}
+    rows = {r["call_key"]: r for r in await postgres_reads.call_rows(projection)}
     assert set(rows) == {str(ok.key), str(retried.key), str(same_key_other_tenant.key)}
     r_ok = rows[str(ok.key)]
     assert (r_ok["status"], r_ok["attempts"], r_ok["rounds"]) == ("SUCCEEDED", 1, 1)
@@ -408,17 +409,17 @@ async def test_apply_folds_a_realistic_history(projection: PostgresProjection) -
     # columns do not)
     assert state_of_row(r_gx) == fold_all(events)[str(same_key_other_tenant.key)]
 
-    audit = await projection.event_rows()
+    audit = await postgres_reads.event_rows(projection)
     assert len(audit) == len(events)
     assert {r["event_type"] for r in audit} >= {"ToolCallRejected", "ToolCallReplayed"}
     assert await projection.positions(CONSUMER, TOPIC) == {0: len(events)}
 
     # the same batch again (a redelivery) changes nothing
-    calls_before = await projection.call_rows()
+    calls_before = await postgres_reads.call_rows(projection)
     again = await projection.apply(batch, CONSUMER, TOPIC)
     assert (again.new_events, again.calls_changed) == (0, 0)
-    assert await projection.call_rows() == calls_before
-    assert await projection.event_rows() == audit
+    assert await postgres_reads.call_rows(projection) == calls_before
+    assert await postgres_reads.event_rows(projection) == audit
     assert await projection.positions(CONSUMER, TOPIC) == {0: len(events)}
 
 
@@ -429,7 +430,7 @@ async def test_batches_split_anywhere_give_the_same_rows(projection: PostgresPro
     for lo, hi in ((0, 7), (3, 30), (30, 31), (10, 80), (80, len(batch)), (0, len(batch))):
         await projection.apply(batch[lo:hi] + batch[lo:hi], CONSUMER, TOPIC)
     assert await calls_of(projection) == expected_calls(events)
-    assert len(await projection.event_rows()) == len(events)
+    assert len(await postgres_reads.event_rows(projection)) == len(events)
 
 
 async def test_a_failing_batch_writes_nothing(projection: PostgresProjection) -> None:
@@ -440,7 +441,10 @@ async def test_a_failing_batch_writes_nothing(projection: PostgresProjection) ->
         history.succeeded(read, "r", 0, 1),
     ]
     await projection.apply(positioned(first), CONSUMER, TOPIC)
-    calls, audit = await projection.call_rows(), await projection.event_rows()
+    calls, audit = (
+        await postgres_reads.call_rows(projection),
+        await postgres_reads.event_rows(projection),
+    )
     dead = DeadLetterRecord(TOPIC, 0, 99, "bad bytes", None, b"\x00\x01")
 
     # A second outcome of the read-only intent "r" under a new event id: its audit row inserts
@@ -452,15 +456,15 @@ async def test_a_failing_batch_writes_nothing(projection: PostgresProjection) ->
     with pytest.raises(ProjectionError) as failure:
         await projection.apply(doomed, CONSUMER, TOPIC, dead_letters=[dead])
     assert not failure.value.retriable
-    assert await projection.call_rows() == calls
-    assert await projection.event_rows() == audit
-    assert await projection.dead_letter_count() == 0
+    assert await postgres_reads.call_rows(projection) == calls
+    assert await postgres_reads.event_rows(projection) == audit
+    assert await postgres_reads.dead_letter_count(projection) == 0
     assert await projection.positions(CONSUMER, TOPIC) == {0: len(first)}
 
     # the good part alone goes through
     await projection.apply(doomed[:-1], CONSUMER, TOPIC, dead_letters=[dead])
     assert await projection.positions(CONSUMER, TOPIC) == {0: len(first) + len(good)}
-    assert await projection.dead_letter_count() == 1
+    assert await postgres_reads.dead_letter_count(projection) == 1
 
 
 async def test_postgres_rows_equal_sqlite_rows(projection: PostgresProjection) -> None:
@@ -479,12 +483,12 @@ async def test_postgres_rows_equal_sqlite_rows(projection: PostgresProjection) -
         for r in lite.execute("SELECT * FROM tool_call_events ORDER BY event_id")
     ]
 
-    pg_calls = normalised(await projection.call_rows())
+    pg_calls = normalised(await postgres_reads.call_rows(projection))
     assert len(pg_calls) == len(lite_calls) == 60  # 10 of the 70 stories are rejections
     for pg, sq in zip(pg_calls, normalised(lite_calls), strict=True):
         for column in CALL_COLUMNS:
             assert pg[column] == sq[column], (column, pg["call_key"])
-    pg_rows = await projection.event_rows()
+    pg_rows = await postgres_reads.event_rows(projection)
     pg_events = normalised(pg_rows)
     assert len(pg_events) == len(events)
     for raw, pg, lite_row, sq in zip(
@@ -515,9 +519,9 @@ async def test_dead_letters_are_recorded_once(projection: PostgresProjection) ->
     ]
     await projection.record_dead_letters(letters, CONSUMER, {("x.dead-letters", 1): 1})
     await projection.record_dead_letters(letters, CONSUMER, {("x.dead-letters", 1): 1})
-    assert await projection.dead_letter_count() == 2
-    assert await projection.dead_letter_reasons("x.intents") == [letters[0].reason]
-    rows = await projection.dead_letter_rows()
+    assert await postgres_reads.dead_letter_count(projection) == 2
+    assert await postgres_reads.dead_letter_reasons(projection, "x.intents") == [letters[0].reason]
+    rows = await postgres_reads.dead_letter_rows(projection)
     assert [bytes(r["payload"]) for r in rows] == [b"\xff" * 10, b""]
     assert [r["record_key"] for r in rows] == [b'["acme","t","k"]', None]
     assert [r["headers"] for r in rows] == [
@@ -526,7 +530,7 @@ async def test_dead_letters_are_recorded_once(projection: PostgresProjection) ->
     ]
     assert await projection.positions(CONSUMER, "x.dead-letters") == {1: 1}
     await projection.reset()
-    assert await projection.dead_letter_count() == 0
+    assert await postgres_reads.dead_letter_count(projection) == 0
     assert await projection.positions(CONSUMER, "x.dead-letters") == {}
 
 
@@ -689,13 +693,13 @@ async def test_projector_follows_the_log_and_rebuild_equals_live(
     async with KafkaProjector(kafka_bootstrap, topics, projection, batch_max=64) as projector:
         await caught_up(projector)
         assert await calls_of(projection) == expected_calls(first)
-        audit = await projection.event_rows()
+        audit = await postgres_reads.event_rows(projection)
         assert sorted(r["event_id"] for r in audit) == sorted({e.event_id for e in first})
         assert not any(r["event_id"].startswith("aborted") for r in audit)
-        reasons = await projection.dead_letter_reasons()
+        reasons = await postgres_reads.dead_letter_reasons(projection)
         assert len(reasons) == 3
         assert sum("fingerprint" in r or "marker" in r for r in reasons) == 3, reasons
-        assert await projection.dead_letter_reasons(topics.intents) == [
+        assert await postgres_reads.dead_letter_reasons(projection, topics.intents) == [
             "undecodable record: bad marker"
         ]
 
@@ -706,17 +710,17 @@ async def test_projector_follows_the_log_and_rebuild_equals_live(
         assert await calls_of(projection) == expected_calls(first + second)
 
     live = (
-        await projection.call_rows(),
-        await projection.event_rows(),
-        await projection.dead_letter_rows(),
+        await postgres_reads.call_rows(projection),
+        await postgres_reads.event_rows(projection),
+        await postgres_reads.dead_letter_rows(projection),
         await projection.positions(topics.projector_group, topics.outcomes),
     )
     result = await rebuild(kafka_bootstrap, topics, projection, batch_max=100)
     assert result.events == len({e.event_id for e in first + second})
     rebuilt = (
-        await projection.call_rows(),
-        await projection.event_rows(),
-        await projection.dead_letter_rows(),
+        await postgres_reads.call_rows(projection),
+        await postgres_reads.event_rows(projection),
+        await postgres_reads.dead_letter_rows(projection),
         await projection.positions(topics.projector_group, topics.outcomes),
     )
     assert rebuilt == live
@@ -745,7 +749,7 @@ async def test_projector_killed_mid_way_resumes_without_gaps_or_duplicates(
         # what is there is exactly a prefix of each partition's log, and the stored position
         # is past it: nothing missing, nothing twice, rows and position from one transaction
         stored = await projection.positions(topics.projector_group, topics.outcomes)
-        audit = await projection.event_rows()
+        audit = await postgres_reads.event_rows(projection)
         applied = {r["event_id"]: r for r in audit}
         for partition, log in logs.items():
             done = [e.event_id for e in log if e.event_id in applied]
@@ -761,7 +765,7 @@ async def test_projector_killed_mid_way_resumes_without_gaps_or_duplicates(
     async with KafkaProjector(kafka_bootstrap, topics, projection) as projector:
         await caught_up(projector)
     assert await calls_of(projection) == expected_calls(events)
-    audit = await projection.event_rows()
+    audit = await postgres_reads.event_rows(projection)
     assert len(audit) == len(events) == len({r["event_id"] for r in audit})
 
 
@@ -794,7 +798,7 @@ async def test_projector_rides_out_a_database_outage(
                 await caught_up(projector)
                 assert projector.unavailable >= 2
             assert await calls_of(projection) == expected_calls(events)
-            assert len(await projection.event_rows()) == len(events)
+            assert len(await postgres_reads.event_rows(projection)) == len(events)
     finally:
         await proxy.close()
 

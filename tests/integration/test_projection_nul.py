@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests import postgres_reads
 from tests.integration.test_postgres_projection import (  # noqa: F401 (fixtures dsn, projection)
     CONSUMER,
     TOPIC,
@@ -36,13 +37,13 @@ async def test_a_nul_in_ids_is_stored_as_a_replacement_character(
     ]
     result = await projection.apply(events, CONSUMER, TOPIC)
     assert result.new_events == 3 and result.calls_changed == 2
-    calls = {r["idempotency_key"]: r for r in await projection.call_rows()}
+    calls = {r["idempotency_key"]: r for r in await postgres_reads.call_rows(projection)}
     row = calls["key\ufffdone"]
     assert (row["tenant_id"], row["tool_name"]) == ("ten\ufffdant", "send\ufffdmail")
     assert row["last_intent_id"] == "in\ufffdtent" and row["status"] == "SUCCEEDED"
     assert json.loads(row["state_json"])["context"]["tool"] == "send\ufffdmail"
     assert calls["key-two"]["tool_name"] == "send_mail"
-    stored = {r["event_id"]: r for r in await projection.event_rows()}
+    stored = {r["event_id"]: r for r in await postgres_reads.event_rows(projection)}
     assert set(stored) == {"in\ufffdtent/0", "in\ufffdtent/1", "intent-2/0"}
     assert stored["in\ufffdtent/1"]["intent_id"] == "in\ufffdtent"
     assert json.loads(stored["in\ufffdtent/1"]["payload_json"])["envelope"]["intent_id"] == (
@@ -63,5 +64,5 @@ async def test_an_escaped_backslash_before_u0000_is_not_a_nul(
         CONSUMER,
         TOPIC,
     )
-    (row,) = await projection.call_rows()
+    (row,) = await postgres_reads.call_rows(projection)
     assert json.loads(row["result_json"]) == {"path": "C:\\u0000", "nul": "\ufffd"}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolledger.producers import governance
 from toolledger.producers.http import approval_decisions
-from toolledger.producers.http.access import Caller, Operator, tenant_of
+from toolledger.producers.http.access import Authenticated, Operator, tenant_of
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.errors import refused
 from toolledger.producers.http.openapi import documented, request_body
@@ -62,7 +62,7 @@ async def list_approvals(
     operation_id="getApprovalRequest",
     responses=documented(200),
 )
-async def get_approval(door: Door, context: Caller, view: ReadableApproval) -> Response:
+async def get_approval(door: Door, context: Authenticated, view: ReadableApproval) -> Response:
     """One request: for the tenant's operators, and for the principal who asked for it. They
     also see ``raw_arguments``, the exact values (read from the intents; null once their
     retention dropped them), beside the redacted ``arguments`` of the audit trail."""
@@ -79,7 +79,7 @@ async def get_approval(door: Door, context: Caller, view: ReadableApproval) -> R
     operation_id="approveApprovalRequest",
     responses=documented(200, 202),
 )
-async def approve(door: Door, context: Caller, view: DecidableApproval) -> Response:
+async def approve(door: Door, context: Authenticated, view: DecidableApproval) -> Response:
     """Grant the request. The grant sits in the call key's approval book: the caller's retry
     with the same key and arguments goes ahead without a token (the token in the answer is
     for out-of-band flows). Who may approve: ``producers.http.approval_decisions``."""
@@ -105,7 +105,7 @@ async def approve(door: Door, context: Caller, view: DecidableApproval) -> Respo
 )
 async def deny(
     door: Door,
-    context: Caller,
+    context: Authenticated,
     body: Annotated[DenyBody, Depends(deny_body)],
     view: DecidableApproval,
 ) -> Response:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from toolledger.producers.approval_rules import reader_of, reads
-from toolledger.producers.http.access import Caller
+from toolledger.producers.http.access import Authenticated
 from toolledger.producers.http.call_views import awaiting_approval_view, read_only_view, view_bytes
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.errors import not_found, refused
@@ -35,7 +35,7 @@ def _json(body: object) -> Response:
 @router.get(
     "/v1/calls/{call_id}", operation_id="getCall", responses={200: {"model": Call}, **ERRORS}
 )
-async def get_call(call_id: str, door: Door, context: Caller) -> Response:
+async def get_call(call_id: str, door: Door, context: Authenticated) -> Response:
     view = None
     if CALL_ID.fullmatch(call_id):
         view = await door.queries.get(context.tenant_id, call_id)
@@ -49,7 +49,7 @@ async def get_call(call_id: str, door: Door, context: Caller) -> Response:
 @router.get("/v1/calls", operation_id="searchCalls", responses={200: {"model": CallList}, **ERRORS})
 async def search_calls(
     door: Door,
-    context: Caller,
+    context: Authenticated,
     tool: Annotated[str | None, Query(max_length=64, pattern=NO_CONTROL)] = None,
     idempotency_key: Annotated[
         str | None, Query(min_length=1, max_length=255, pattern=r"^[ -~]+$")
@@ -80,7 +80,7 @@ async def search_calls(
     operation_id="getCallEvents",
     responses={200: {"model": EventPage}, **ERRORS},
 )
-async def call_events(call_id: str, door: Door, context: Caller) -> Response:
+async def call_events(call_id: str, door: Door, context: Authenticated) -> Response:
     events = (
         await door.queries.events(context.tenant_id, call_id)
         if CALL_ID.fullmatch(call_id)

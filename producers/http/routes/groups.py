@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from toolledger.producers.http.access import Caller
+from toolledger.producers.http.access import Authenticated
 from toolledger.producers.http.call_input import required_key
 from toolledger.producers.http.door import Door, FrontDoor
 from toolledger.producers.http.errors import ProblemError, not_found, refused
@@ -78,7 +78,7 @@ def _answer(answer: GroupAnswer) -> Response:
     operation_id="submitGroup",
     responses={200: {"model": GroupView}, 202: {"model": GroupView}, **ERRORS},
 )
-async def submit_group(request: Request, door: Door, context: Caller) -> Response:
+async def submit_group(request: Request, door: Door, context: Authenticated) -> Response:
     """Run a group of dependent calls: each step an ordinary ledgered call under a key derived
     from the group's key and the step id; independent steps run concurrently."""
     groups = _groups(door)
@@ -101,7 +101,7 @@ async def submit_group(request: Request, door: Door, context: Caller) -> Respons
     operation_id="getGroup",
     responses={200: {"model": GroupView}, **ERRORS},
 )
-async def get_group(group_id: str, door: Door, context: Caller) -> Response:
+async def get_group(group_id: str, door: Door, context: Authenticated) -> Response:
     groups = _groups(door)
     view = await groups.view(context.tenant_id, group_id) if GROUP_ID.fullmatch(group_id) else None
     if view is None:
@@ -112,7 +112,7 @@ async def get_group(group_id: str, door: Door, context: Caller) -> Response:
 @router.get("/v1/groups", operation_id="searchGroups", responses=ERRORS)
 async def search_groups(
     door: Door,
-    context: Caller,
+    context: Authenticated,
     run_id: Annotated[str | None, Query(max_length=255, pattern=NO_CONTROL)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> Response:
@@ -126,7 +126,9 @@ async def search_groups(
     operation_id="resumeGroup",
     responses={200: {"model": GroupView}, 202: {"model": GroupView}, **ERRORS},
 )
-async def resume_group(group_id: str, request: Request, door: Door, context: Caller) -> Response:
+async def resume_group(
+    group_id: str, request: Request, door: Door, context: Authenticated
+) -> Response:
     """Continue a BLOCKED or FAILED group from its completion point: completed steps are not
     run again. Body (optional): ``{"approval_tokens": {"<step id>": "<token>"}}`` for steps
     that waited for an approval."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolledger.producers.approval_rules import reads
 from toolledger.producers.client import TrustedContext, job_record
-from toolledger.producers.http.access import OPERATOR, Caller
+from toolledger.producers.http.access import OPERATOR, Authenticated
 from toolledger.producers.http.call_views import projected, view_bytes
 from toolledger.producers.http.door import Door, FrontDoor
 from toolledger.producers.http.errors import refused
@@ -91,7 +91,7 @@ async def _answered(
 async def report_job(
     call_id: str,
     door: Door,
-    context: Caller,
+    context: Authenticated,
     body: Annotated[JobReport, Depends(report_body)],
 ) -> Response:
     if JOBS_REPORT not in context.scopes:
@@ -125,7 +125,7 @@ async def report_job(
 @router.post(
     "/v1/calls/{call_id}/job/cancel", operation_id="cancelJob", responses=documented(200, 202)
 )
-async def cancel_job(call_id: str, door: Door, context: Caller) -> Response:
+async def cancel_job(call_id: str, door: Door, context: Authenticated) -> Response:
     if not context.scopes & {"tools:call", OPERATOR}:
         raise refused(ErrorCode.FORBIDDEN, "Cancelling a job needs the scope 'tools:call'.")
     view = await _job_call(door, context, call_id)

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from toolledger.producers.http.access import GLOBAL_OPERATOR, Caller
+from toolledger.producers.http.access import GLOBAL_OPERATOR, Authenticated
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.errors import refused
 from toolledger.producers.http.models import NO_CONTROL
@@ -43,7 +43,7 @@ _REPORT = {
 @router.get("/v1/runs/{run_id}/report", operation_id="getRunReport", responses=_REPORT)
 async def run_report(
     door: Door,
-    context: Caller,
+    context: Authenticated,
     run_id: Annotated[str, Path(max_length=255, pattern=NO_CONTROL)],
     form: Annotated[Format, Query(alias="format")] = "json",
     tenant: Annotated[str | None, Query(max_length=128, pattern=NO_CONTROL)] = None,

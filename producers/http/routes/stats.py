@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from toolledger.producers.http.access import GLOBAL_OPERATOR, Caller
+from toolledger.producers.http.access import GLOBAL_OPERATOR, Authenticated
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.errors import refused
 from toolledger.producers.http.models import NO_CONTROL
@@ -22,7 +22,7 @@ router = APIRouter(tags=["stats"])
 @router.get("/v1/stats", operation_id="getStats", responses=documented(200))
 async def stats(
     door: Door,
-    context: Caller,
+    context: Authenticated,
     tenant: Annotated[str | None, Query(max_length=128, pattern=NO_CONTROL)] = None,
 ) -> Response:
     every_tenant = GLOBAL_OPERATOR in context.scopes

@@ -16,9 +16,9 @@ from fastapi.responses import Response
 from starlette.routing import Route
 
 from toolledger.producers.client import CallResult
-from toolledger.producers.http.access import Caller, bearer
+from toolledger.producers.http.access import Authenticated, bearer
 from toolledger.producers.http.approval_wait import awaited_request, decided_within
-from toolledger.producers.http.call_admission import Admitted, admit
+from toolledger.producers.http.call_admission import AdmissionChecked, admit
 from toolledger.producers.http.call_answer import answer, queued_probe
 from toolledger.producers.http.call_input import (
     Body,
@@ -49,11 +49,11 @@ router = APIRouter(tags=["tool calls"])
 async def call_tool(
     started: Started,
     door: Door,
-    context: Caller,
+    context: Authenticated,
     info: KnownTool,
     body: Body,
     key: Key,
-    _admitted: Admitted,
+    _checked: AdmissionChecked,
     wait: Wait,
     decision_wait: DecisionWait,
 ) -> Response:

@@ -9,7 +9,7 @@ import json
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from toolledger.producers.http.access import Caller
+from toolledger.producers.http.access import Authenticated
 from toolledger.producers.http.door import Door
 from toolledger.producers.http.models import ToolPage
 from toolledger.producers.http.openapi import ERRORS
@@ -19,7 +19,7 @@ router = APIRouter(tags=["tools"])
 
 
 @router.get("/v1/tools", operation_id="listTools", responses={200: {"model": ToolPage}, **ERRORS})
-async def list_tools(door: Door, context: Caller) -> Response:
+async def list_tools(door: Door, context: Authenticated) -> Response:
     body = {
         "items": [t.manifest for t in door.tools.values()],
         "next_cursor": None,
