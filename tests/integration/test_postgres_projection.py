@@ -46,7 +46,7 @@ from projections.rows import (
 from projections.sqlite import SqliteCalls
 from schemas.canonical import args_digest, canonical_json
 from schemas.codec import encode
-from schemas.dead_letters import LEGACY_REASON_HEADER, DeadLetterRecord
+from schemas.dead_letters import DeadLetterRecord
 from schemas.errors import ErrorCode, ErrorInfo, FieldError
 from schemas.events import (
     Envelope,
@@ -655,12 +655,12 @@ async def produce(
             for partition, value in garbage:
                 await producer.send(topics.outcomes, value, partition=partition)
             for partition, offset, reason, value in dead_letters:
-                header = json.dumps({"partition": partition, "offset": offset, "reason": reason})
+                letter = DeadLetterRecord(topics.intents, partition, offset, reason, None, value)
                 await producer.send(
                     topics.dead_letters,
                     value,
                     partition=partition,
-                    headers=[(LEGACY_REASON_HEADER, header.encode("utf-8"))],
+                    headers=letter.kafka_headers(),
                 )
     finally:
         await producer.stop()
