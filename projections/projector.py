@@ -132,7 +132,7 @@ def _dead_letter(topics: Topics, record: Any) -> DeadLetterRecord:
     position on the dead-letters topic, whole."""
     headers = _headers(record)
     try:
-        return DeadLetterRecord.from_kafka(record.key, record.value, headers, topics.intents)
+        return DeadLetterRecord.from_kafka(record.key, record.value, headers)
     except UnreadableDeadLetter as exc:
         return DeadLetterRecord(
             topics.dead_letters,

@@ -101,8 +101,6 @@ def _payload(path: str) -> str:
 
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z')"
-_APPROVAL_TYPES = "'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalConsumed'"
-_SWITCH_TYPES = "'ToolDisabled', 'ToolEnabled'"
 
 # The governance read side (projections/governance.py; 0002_governance.sql for PostgreSQL):
 # views over tool_calls and tool_call_events, so a rebuild gives them back by construction.

@@ -22,7 +22,6 @@ arguments included: the dead-letters topic has the intents' retention and sensit
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -31,7 +30,6 @@ from toolledger.schemas.cloudevents import Header
 
 __all__ = [
     "ERROR_HEADERS",
-    "LEGACY_REASON_HEADER",
     "DeadLetterRecord",
     "UnreadableDeadLetter",
 ]
@@ -41,9 +39,6 @@ PARTITION_HEADER: Final = "__connect.errors.partition"
 OFFSET_HEADER: Final = "__connect.errors.offset"
 MESSAGE_HEADER: Final = "__connect.errors.exception.message"
 ERROR_HEADERS: Final = (TOPIC_HEADER, PARTITION_HEADER, OFFSET_HEADER, MESSAGE_HEADER)
-LEGACY_REASON_HEADER: Final = "reason"
-"""Dead letters written before the original record was kept carry only this header: JSON
-``{"partition", "offset", "reason"}`` of an intent, and no key or value worth keeping."""
 
 
 class UnreadableDeadLetter(ValueError):
@@ -89,49 +84,21 @@ class DeadLetterRecord:
         key: bytes | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]],
-        legacy_topic: str,
     ) -> DeadLetterRecord:
-        """The dead letter a record of the dead-letters topic holds; ``legacy_topic``: the
-        topic a dead letter with only the :data:`LEGACY_REASON_HEADER` was read from (the
-        intents). Raises :class:`UnreadableDeadLetter` naming what is missing."""
+        """The dead letter a record of the dead-letters topic holds. Raises
+        :class:`UnreadableDeadLetter` naming what is missing."""
         errors = {name: raw for name, raw in headers if name in ERROR_HEADERS}
-        if errors:
-            missing = [name for name in ERROR_HEADERS if name not in errors]
-            if missing:
-                raise UnreadableDeadLetter(f"dead letter without the header(s) {missing}")
-            try:
-                partition = int(errors[PARTITION_HEADER])
-                offset = int(errors[OFFSET_HEADER])
-                topic = errors[TOPIC_HEADER].decode()
-                reason = errors[MESSAGE_HEADER].decode()
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise UnreadableDeadLetter(
-                    f"dead letter with unreadable error headers ({exc})"
-                ) from exc
-            original = tuple((n, v) for n, v in headers if n not in ERROR_HEADERS)
-            return cls(topic, partition, offset, reason, key, value, original)
-        return cls._legacy(value, headers, legacy_topic)
-
-    @classmethod
-    def _legacy(
-        cls, value: bytes | None, headers: Sequence[tuple[str, bytes]], topic: str
-    ) -> DeadLetterRecord:
-        raw = dict(headers).get(LEGACY_REASON_HEADER)
-        if raw is None:
-            raise UnreadableDeadLetter(
-                f"dead letter with neither {list(ERROR_HEADERS)} nor a "
-                f"{LEGACY_REASON_HEADER!r} header"
-            )
+        missing = [name for name in ERROR_HEADERS if name not in errors]
+        if missing:
+            raise UnreadableDeadLetter(f"dead letter without the header(s) {missing}")
         try:
-            info = json.loads(raw)
-            partition, offset, reason = info["partition"], info["offset"], info["reason"]
-        except (TypeError, KeyError, ValueError) as exc:
+            partition = int(errors[PARTITION_HEADER])
+            offset = int(errors[OFFSET_HEADER])
+            topic = errors[TOPIC_HEADER].decode()
+            reason = errors[MESSAGE_HEADER].decode()
+        except (ValueError, UnicodeDecodeError) as exc:
             raise UnreadableDeadLetter(
-                f"dead letter without a readable {LEGACY_REASON_HEADER!r} header ({exc!r})"
+                f"dead letter with unreadable error headers ({exc})"
             ) from exc
-        if not (isinstance(partition, int) and isinstance(offset, int) and isinstance(reason, str)):
-            raise UnreadableDeadLetter(
-                f"dead letter without a readable {LEGACY_REASON_HEADER!r} header "
-                "(partition, offset and reason must be int, int and str)"
-            )
-        return cls(topic, partition, offset, reason, None, value, ())
+        original = tuple((n, v) for n, v in headers if n not in ERROR_HEADERS)
+        return cls(topic, partition, offset, reason, key, value, original)

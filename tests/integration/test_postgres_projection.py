@@ -48,7 +48,7 @@ from toolledger.projections.rows import (
 from toolledger.projections.sqlite import SqliteCalls
 from toolledger.schemas.canonical import args_digest, canonical_json
 from toolledger.schemas.codec import encode
-from toolledger.schemas.dead_letters import LEGACY_REASON_HEADER, DeadLetterRecord
+from toolledger.schemas.dead_letters import DeadLetterRecord
 from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
 from toolledger.schemas.events import (
     Envelope,
@@ -655,12 +655,12 @@ async def produce(
             for partition, value in garbage:
                 await producer.send(topics.outcomes, value, partition=partition)
             for partition, offset, reason, value in dead_letters:
-                header = json.dumps({"partition": partition, "offset": offset, "reason": reason})
+                letter = DeadLetterRecord(topics.intents, partition, offset, reason, None, value)
                 await producer.send(
                     topics.dead_letters,
                     value,
                     partition=partition,
-                    headers=[(LEGACY_REASON_HEADER, header.encode("utf-8"))],
+                    headers=letter.kafka_headers(),
                 )
     finally:
         await producer.stop()

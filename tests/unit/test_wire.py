@@ -3,7 +3,6 @@ partition_key, schemas/dead_letters.py): docs/consuming.md."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -12,7 +11,6 @@ from toolledger.schemas import codec
 from toolledger.schemas.cloudevents import group_event_headers, rfc3339
 from toolledger.schemas.dead_letters import (
     ERROR_HEADERS,
-    LEGACY_REASON_HEADER,
     DeadLetterRecord,
     UnreadableDeadLetter,
 )
@@ -169,31 +167,22 @@ def test_a_dead_letter_keeps_the_original_record_and_says_why() -> None:
         "__connect.errors.offset": b"17",
         "__connect.errors.exception.message": b"undecodable record",
     }
-    assert DeadLetterRecord.from_kafka(b"k", b"v", headers, "ignored") == letter
+    assert DeadLetterRecord.from_kafka(b"k", b"v", headers) == letter
     assert letter.headers_json() == [
         {"name": "ce_id", "value": "i-1/requested/1"},
         {"name": "odd", "base64": "/w=="},
     ]
 
 
-def test_a_dead_letter_written_before_keeps_being_read() -> None:
-    reason = json.dumps({"partition": 2, "offset": 5, "reason": "bad marker"}).encode()
-    letter = DeadLetterRecord.from_kafka(
-        None, b"junk", [(LEGACY_REASON_HEADER, reason)], "p.intents"
-    )
-    assert letter == DeadLetterRecord("p.intents", 2, 5, "bad marker", None, b"junk", ())
-
-
 @pytest.mark.parametrize(
     ("headers", "message"),
     [
-        ([], "neither"),
-        ([(LEGACY_REASON_HEADER, b"{")], "readable 'reason'"),
-        ([(LEGACY_REASON_HEADER, b'{"partition": "2", "offset": 5, "reason": "x"}')], "int"),
+        ([], "without the header"),
+        ([("reason", b'{"partition": 2, "offset": 5, "reason": "x"}')], "without the header"),
         ([(ERROR_HEADERS[0], b"t")], "without the header"),
         ([(name, b"x") for name in ERROR_HEADERS], "unreadable error headers"),
     ],
 )
 def test_an_unreadable_dead_letter_is_named(headers: list[tuple[str, bytes]], message: str) -> None:
     with pytest.raises(UnreadableDeadLetter, match=message):
-        DeadLetterRecord.from_kafka(None, b"v", headers, "p.intents")
+        DeadLetterRecord.from_kafka(None, b"v", headers)
