@@ -28,9 +28,15 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from processors.ledger import NotHappened, ReconcileOutcome
-from processors.tools.manifest import EffectClass, RiskTier, Tool, ToolContext, ToolDescription
-from processors.tools.registry import ToolRegistry
+from toolledger.processors.ledger import NotHappened, ReconcileOutcome
+from toolledger.processors.tools.manifest import (
+    EffectClass,
+    RiskTier,
+    Tool,
+    ToolContext,
+    ToolDescription,
+)
+from toolledger.processors.tools.registry import ToolRegistry
 
 
 def new_progress(console: Console, width: int = 26) -> Progress:

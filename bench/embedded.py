@@ -77,8 +77,8 @@ from bench.common import (
     workload_meta,
     write_result,
 )
-from producers.client import TrustedContext
 from toolledger import Ledger
+from toolledger.producers.client import TrustedContext
 
 PARTITIONS = 4  # EmbeddedLedger's default
 CALLERS = (16, 64)
@@ -408,9 +408,7 @@ async def measure_cell(
         "raw_group_commit": raw.summary(),
         "raw_commit_per_call": single.summary(),
         "ratio": round(ledger.timing.calls_per_s / raw.timing.calls_per_s, 4),
-        "ratio_vs_commit_per_call": round(
-            ledger.timing.calls_per_s / single.timing.calls_per_s, 4
-        ),
+        "ratio_vs_commit_per_call": round(ledger.timing.calls_per_s / single.timing.calls_per_s, 4),
         "cpu_ratio": round(ledger.cpu_ms_per_call / max(raw.cpu_ms_per_call, 1e-9), 2),
     }
     t, r = cell["toolledger"], cell["raw_group_commit"]

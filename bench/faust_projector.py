@@ -85,9 +85,9 @@ from typing import Any, Final, TypeVar
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from projections.postgres import ApplyResult, PostgresProjection, ProjectionError
-from projections.projector import Backoff, Batch, decode_batch
-from schemas.topics import Topics
+from toolledger.projections.postgres import ApplyResult, PostgresProjection, ProjectionError
+from toolledger.projections.projector import Backoff, Batch, decode_batch
+from toolledger.schemas.topics import Topics
 
 __all__ = ["PROCESSING_GUARANTEE", "FaustProjector", "batch_of"]
 

@@ -32,8 +32,8 @@ from rich.console import Console
 
 from bench import jobs_polling
 from bench.common import TOOL, Counter, make_registry, write_result
-from producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.producers.client import TrustedContext
 from toolledger.settings import LedgerSettings
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")

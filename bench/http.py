@@ -104,12 +104,12 @@ from bench.common import (
     new_progress,
     write_result,
 )
-from processors.tools.registry import ToolRegistry
-from producers.http.auth import TokenEntry, TokenStore
-from producers.http.headers import idempotency_key
-from schemas.events import ToolCallReplayed, ToolCallStarted, ToolCallSucceeded
-from schemas.keys import CallKey, InvalidIdempotencyKey
 from toolledger import serving
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.http.auth import TokenEntry, TokenStore
+from toolledger.producers.http.headers import idempotency_key
+from toolledger.schemas.events import ToolCallReplayed, ToolCallStarted, ToolCallSucceeded
+from toolledger.schemas.keys import CallKey, InvalidIdempotencyKey
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_ENV = "BENCH_HTTP_TOKEN"
@@ -174,8 +174,11 @@ def bare_app() -> FastAPI:
     tokens = TokenStore([TokenEntry(token=TOKEN, tenant=TENANT, principal=PRINCIPAL)])
 
     def problem(status: int, detail: str) -> Response:
-        return Response(json.dumps({"status": status, "detail": detail}).encode(),
-                        status_code=status, media_type="application/problem+json")
+        return Response(
+            json.dumps({"status": status, "detail": detail}).encode(),
+            status_code=status,
+            media_type="application/problem+json",
+        )
 
     @app.post("/v1/tools/{tool}/calls")
     async def call_tool(
@@ -204,10 +207,20 @@ def bare_app() -> FastAPI:
         now = datetime.now(UTC)
         view = BareView(
             call_id=CallKey(context.tenant_id, tool, key).call_id,
-            tenant_id=context.tenant_id, tool=tool, tool_version="1", idempotency_key=key,
+            tenant_id=context.tenant_id,
+            tool=tool,
+            tool_version="1",
+            idempotency_key=key,
             args_digest="sha256:" + hashlib.sha256(arguments.encode()).hexdigest(),
-            status="SUCCEEDED", ok=True, result={"ok": True}, attempts=1,
-            run_id=body.run_id, step_id=body.step_id, created_at=now, updated_at=now)
+            status="SUCCEEDED",
+            ok=True,
+            result={"ok": True},
+            attempts=1,
+            run_id=body.run_id,
+            step_id=body.step_id,
+            created_at=now,
+            updated_at=now,
+        )
         return Response(view.model_dump_json().encode(), media_type=JSON)
 
     @app.get("/healthz")
@@ -272,8 +285,13 @@ async def running(name: str, argv: Sequence[str], port: int, log: Path) -> Async
     handle = open_log(log)
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=handle,
-            stderr=asyncio.subprocess.STDOUT)
+            *argv,
+            cwd=ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=handle,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     finally:
         handle.close()  # the child has its own descriptor
     server = Server(name, port, process, log)
@@ -293,8 +311,9 @@ async def running(name: str, argv: Sequence[str], port: int, log: Path) -> Async
                 process.kill()
                 await process.wait()
         if failed:
-            sys.stderr.write(f"{name} (exit {process.returncode}), last lines of its log:\n"
-                             f"{log_tail(log)}\n")
+            sys.stderr.write(
+                f"{name} (exit {process.returncode}), last lines of its log:\n{log_tail(log)}\n"
+            )
 
 
 async def wait_healthy(server: Server, *, timeout_s: float) -> None:
@@ -303,29 +322,51 @@ async def wait_healthy(server: Server, *, timeout_s: float) -> None:
     async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=2.0) as client:
         while True:
             if server.process.returncode is not None:
-                raise RuntimeError(f"{server.name} exited with {server.process.returncode}:\n"
-                                   f"{log_tail(server.log)}")
+                raise RuntimeError(
+                    f"{server.name} exited with {server.process.returncode}:\n"
+                    f"{log_tail(server.log)}"
+                )
             with contextlib.suppress(httpx.TransportError):
                 if (await client.get("/healthz")).status_code == 200:
                     tools = await client.get(
-                        "/v1/tools", headers={"Authorization": f"Bearer {TOKEN}"})
+                        "/v1/tools", headers={"Authorization": f"Bearer {TOKEN}"}
+                    )
                     if tools.status_code != 200 or TOOL not in tools.text:
-                        raise RuntimeError(f"port {server.url} is not {server.name} of this run "
-                                           f"(GET /v1/tools: {tools.status_code})")
+                        raise RuntimeError(
+                            f"port {server.url} is not {server.name} of this run "
+                            f"(GET /v1/tools: {tools.status_code})"
+                        )
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{server.name} not healthy after {timeout_s} s:\n"
-                                   f"{log_tail(server.log)}")
+                raise RuntimeError(
+                    f"{server.name} not healthy after {timeout_s} s:\n{log_tail(server.log)}"
+                )
             await asyncio.sleep(0.1)
 
 
 def ledger_argv(port: int, data: Path, tokens: Path, profile_to: Path | None) -> list[str]:
     """``toolledger serve``; with ``profile_to``: under :func:`profiled_server`."""
-    runner = (["-m", "bench.http", PROFILED_SERVER, str(profile_to)] if profile_to
-              else ["-m", "toolledger.cli"])
-    return [sys.executable, *runner, "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--data", str(data), "--tokens", str(tokens), "--tools", "bench.http:noop_registry",
-            "--create"]
+    runner = (
+        ["-m", "bench.http", PROFILED_SERVER, str(profile_to)]
+        if profile_to
+        else ["-m", "toolledger.cli"]
+    )
+    return [
+        sys.executable,
+        *runner,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data",
+        str(data),
+        "--tokens",
+        str(tokens),
+        "--tools",
+        "bench.http:noop_registry",
+        "--create",
+    ]
 
 
 PROFILED_SERVER = "--profiled-server"
@@ -368,14 +409,39 @@ async def profile_window(server: Server, prefix: Path, index: int, *, on: bool) 
 
 
 def bare_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "uvicorn", "bench.http:bare_app", "--factory",
-            "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--lifespan", "off",
-            "--log-level", "warning"]
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.http:bare_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+        "--lifespan",
+        "off",
+        "--log-level",
+        "warning",
+    ]
 
 
 def write_tokens(path: Path) -> None:
-    path.write_text(json.dumps({"tokens": [
-        {"token": TOKEN, "tenant": TENANT, "principal": PRINCIPAL, "scopes": ["tools:call"]}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {
+                        "token": TOKEN,
+                        "tenant": TENANT,
+                        "principal": PRINCIPAL,
+                        "scopes": ["tools:call"],
+                    }
+                ]
+            }
+        )
+    )
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -390,8 +456,10 @@ class Planned:
     def wire(self) -> bytes:
         """The whole HTTP/1.1 request, as :class:`RawConnection` sends it."""
         head = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
-        return (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
-                f"Content-Length: {len(self.body)}\r\n\r\n").encode() + self.body
+        return (
+            f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
+            f"Content-Length: {len(self.body)}\r\n\r\n"
+        ).encode() + self.body
 
 
 def plan(n: int, prefix: str) -> list[Planned]:
@@ -399,8 +467,8 @@ def plan(n: int, prefix: str) -> list[Planned]:
         Planned(
             key := f"{prefix}-{i:08d}",
             json.dumps({"arguments": {"text": f"note {i}"}}, separators=(",", ":")).encode(),
-            {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": key,
-             "Content-Type": JSON})
+            {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": key, "Content-Type": JSON},
+        )
         for i in range(n)
     ]
 
@@ -480,17 +548,22 @@ class HttpxConnection:
         self._url = url + PATH
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            timeout=httpx.Timeout(60.0), trust_env=False)
+            timeout=httpx.Timeout(60.0),
+            trust_env=False,
+        )
 
     async def send(self, planned: Planned) -> Answer:
         try:
-            response = await self._client.post(self._url, content=planned.body,
-                                               headers=planned.headers)
+            response = await self._client.post(
+                self._url, content=planned.body, headers=planned.headers
+            )
         except httpx.TransportError as exc:
             raise ConnectionLost(repr(exc)) from exc
-        return Answer(response.status_code,
-                      {name.lower(): value for name, value in response.headers.items()},
-                      response.content)
+        return Answer(
+            response.status_code,
+            {name.lower(): value for name, value in response.headers.items()},
+            response.content,
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -503,8 +576,11 @@ async def connections(kind: str, server: Server, count: int) -> AsyncIterator[li
     load generator ~8 ms of CPU per request with 64 connections (more than the server)."""
     made: list[Connection] = []
     for _ in range(count):
-        made.append(RawConnection("127.0.0.1", server.port) if kind == "raw"
-                    else HttpxConnection(server.url))
+        made.append(
+            RawConnection("127.0.0.1", server.port)
+            if kind == "raw"
+            else HttpxConnection(server.url)
+        )
     try:
         yield made
     finally:
@@ -529,9 +605,13 @@ class Checks:
             self.examples.append(f"{what}: {detail}"[:400])
 
     def summary(self) -> dict[str, Any]:
-        return {"passed": self.passed, "responses": self.responses,
-                "bodies_compared": self.bodies_compared, "failures": dict(self.failures),
-                "examples": self.examples}
+        return {
+            "passed": self.passed,
+            "responses": self.responses,
+            "bodies_compared": self.bodies_compared,
+            "failures": dict(self.failures),
+            "examples": self.examples,
+        }
 
 
 Verify = Callable[[int, Planned, Answer, bool], None]  # bool: sent more than once
@@ -561,34 +641,48 @@ class Phase:
             return []
         bounds = [0.0] + [ends[min(len(ends), round(len(ends) * q / 4)) - 1] for q in (1, 2, 3, 4)]
         counts = [round(len(ends) * q / 4) - round(len(ends) * (q - 1) / 4) for q in (1, 2, 3, 4)]
-        return [round(c / max(b - a, 1e-9), 1)
-                for c, a, b in zip(counts, bounds[:-1], bounds[1:], strict=True)]
+        return [
+            round(c / max(b - a, 1e-9), 1)
+            for c, a, b in zip(counts, bounds[:-1], bounds[1:], strict=True)
+        ]
 
     def quantile_ms(self, q: float) -> float:
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "seconds": round(self.seconds, 3),
-                "per_s": round(self.per_s, 1), "per_s_by_quarter": self.per_s_by_quarter(),
-                "p50_ms": round(self.quantile_ms(0.50), 2),
-                "p90_ms": round(self.quantile_ms(0.90), 2),
-                "p99_ms": round(self.quantile_ms(0.99), 2),
-                "max_ms": round(max(self.latencies_ms), 2),
-                "server_cpu_ms_per_request": round(self.server_cpu_s * 1000 / self.requests, 3),
-                "client_cpu_ms_per_request": round(self.client_cpu_s * 1000 / self.requests, 3),
-                "server_cpu_per_wall_s": round(self.server_cpu_s / self.seconds, 3),
-                "client_cpu_per_wall_s": round(self.client_cpu_s / self.seconds, 3),
-                "other_processes_cpu_per_wall_s": round(
-                    max(0.0, self.machine_busy_s - self.server_cpu_s - self.client_cpu_s)
-                    / self.seconds, 3),
-                "load_average_1min_before_after": list(self.load_average),
-                "transport_errors_retried": len(self.transport_errors),
-                "transport_error_examples": self.transport_errors[:3]}
+        return {
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+            "per_s": round(self.per_s, 1),
+            "per_s_by_quarter": self.per_s_by_quarter(),
+            "p50_ms": round(self.quantile_ms(0.50), 2),
+            "p90_ms": round(self.quantile_ms(0.90), 2),
+            "p99_ms": round(self.quantile_ms(0.99), 2),
+            "max_ms": round(max(self.latencies_ms), 2),
+            "server_cpu_ms_per_request": round(self.server_cpu_s * 1000 / self.requests, 3),
+            "client_cpu_ms_per_request": round(self.client_cpu_s * 1000 / self.requests, 3),
+            "server_cpu_per_wall_s": round(self.server_cpu_s / self.seconds, 3),
+            "client_cpu_per_wall_s": round(self.client_cpu_s / self.seconds, 3),
+            "other_processes_cpu_per_wall_s": round(
+                max(0.0, self.machine_busy_s - self.server_cpu_s - self.client_cpu_s)
+                / self.seconds,
+                3,
+            ),
+            "load_average_1min_before_after": list(self.load_average),
+            "transport_errors_retried": len(self.transport_errors),
+            "transport_error_examples": self.transport_errors[:3],
+        }
 
 
-async def drive(clients: Sequence[Connection], server: Server, plans: Sequence[Planned],
-                verify: Verify | None, progress: Progress, task: TaskID) -> Phase:
+async def drive(
+    clients: Sequence[Connection],
+    server: Server,
+    plans: Sequence[Planned],
+    verify: Verify | None,
+    progress: Progress,
+    task: TaskID,
+) -> Phase:
     """Closed loop: one worker per connection, each sends its next request once answered."""
     latencies = [0.0] * len(plans)
     finished = [0.0] * len(plans)
@@ -601,8 +695,10 @@ async def drive(clients: Sequence[Connection], server: Server, plans: Sequence[P
             try:
                 return await client.send(planned), attempt > 1
             except ConnectionLost as exc:
-                errors.append(f"{time.perf_counter() - started:.3f} s into the phase, "
-                              f"{planned.key}, attempt {attempt}: {exc!r}")
+                errors.append(
+                    f"{time.perf_counter() - started:.3f} s into the phase, "
+                    f"{planned.key}, attempt {attempt}: {exc!r}"
+                )
                 if attempt == RETRIES or server.process.returncode is not None:
                     raise
         raise AssertionError("unreachable")
@@ -630,11 +726,19 @@ async def drive(clients: Sequence[Connection], server: Server, plans: Sequence[P
     server_cpu = cpu_seconds(server.pid)
     machine = machine_busy_seconds()
     started = time.perf_counter()
-    await asyncio.gather(*(worker(client) for client in clients[:len(plans)]))
+    await asyncio.gather(*(worker(client) for client in clients[: len(plans)]))
     seconds = time.perf_counter() - started
-    return Phase(len(plans), seconds, latencies, time.process_time() - client_cpu,
-                 cpu_seconds(server.pid) - server_cpu, machine_busy_seconds() - machine,
-                 (round(load_before, 2), round(os.getloadavg()[0], 2)), errors, finished)
+    return Phase(
+        len(plans),
+        seconds,
+        latencies,
+        time.process_time() - client_cpu,
+        cpu_seconds(server.pid) - server_cpu,
+        machine_busy_seconds() - machine,
+        (round(load_before, 2), round(os.getloadavg()[0], 2)),
+        errors,
+        finished,
+    )
 
 
 def check_first(checks: Checks, bodies: list[bytes]) -> Verify:
@@ -647,9 +751,13 @@ def check_first(checks: Checks, bodies: list[bytes]) -> Verify:
             checks.fail("replayed_header_on_first", planned.key)
         else:
             view = response.json()
-            if (view.get("status") != "SUCCEEDED" or view.get("idempotency_key") != planned.key
-                    or view.get("result") != {"ok": True}):
+            if (
+                view.get("status") != "SUCCEEDED"
+                or view.get("idempotency_key") != planned.key
+                or view.get("result") != {"ok": True}
+            ):
                 checks.fail("body", f"{planned.key}: {response.body[:300]!r}")
+
     return verify
 
 
@@ -663,8 +771,10 @@ def check_replay(checks: Checks, bodies: Sequence[bytes]) -> Verify:
         else:
             checks.bodies_compared += 1
             if response.body != bodies[index]:
-                checks.fail("body_differs", f"{planned.key}: {bodies[index]!r} vs "
-                                            f"{response.body!r}")
+                checks.fail(
+                    "body_differs", f"{planned.key}: {bodies[index]!r} vs {response.body!r}"
+                )
+
     return verify
 
 
@@ -675,6 +785,7 @@ def check_bare(checks: Checks) -> Verify:
             checks.fail("status", f"{planned.key}: {response.status} {response.body[:300]!r}")
         elif response.json().get("idempotency_key") != planned.key:
             checks.fail("body", f"{planned.key}: {response.body[:300]!r}")
+
     return verify
 
 
@@ -701,8 +812,6 @@ def ledger_counts(path: Path) -> dict[str, int]:
 # -- runs ---------------------------------------------------------------------------------------
 
 
-
-
 @dataclass
 class LedgerRun:
     first: Phase
@@ -714,8 +823,14 @@ class LedgerRun:
     profiles: dict[str, Path] = field(default_factory=dict)
 
 
-async def run_ledger(args: argparse.Namespace, work: Path, progress: Progress, *,
-                     profile: bool = False, label: str = "") -> LedgerRun:
+async def run_ledger(
+    args: argparse.Namespace,
+    work: Path,
+    progress: Progress,
+    *,
+    profile: bool = False,
+    label: str = "",
+) -> LedgerRun:
     """First executions, then replays, on one ``toolledger serve`` process (``profile``: under
     :func:`profiled_server`, one profile window per measured phase)."""
     data, tokens = work / "data", work / "tokens.json"
@@ -728,8 +843,10 @@ async def run_ledger(args: argparse.Namespace, work: Path, progress: Progress, *
     profiles = {"first": Path(f"{prefix}.0.prof"), "replays": Path(f"{prefix}.1.prof")}
 
     def tasks(name: str) -> tuple[TaskID, TaskID]:
-        return (progress.add_task(f"{label}{name} warm-up", total=len(warm), rate=""),
-                progress.add_task(f"{label}{name}", total=len(plans), rate=""))
+        return (
+            progress.add_task(f"{label}{name} warm-up", total=len(warm), rate=""),
+            progress.add_task(f"{label}{name}", total=len(plans), rate=""),
+        )
 
     async def measured(ledger: Server, index: int, phase: Awaitable[Phase]) -> Phase:
         if profile:
@@ -742,18 +859,35 @@ async def run_ledger(args: argparse.Namespace, work: Path, progress: Progress, *
     first_tasks, replay_tasks = tasks("ledger, first"), tasks("ledger, replays")
     port = free_port()
     argv = ledger_argv(port, data, tokens, prefix if profile else None)
-    async with (running("toolledger serve", argv, port, work / "server.log") as ledger,
-                connections(args.client, ledger, args.concurrency) as clients):
-        warm_first = await drive(clients, ledger, warm, check_first(warm_checks, warm_bodies),
-                                 progress, first_tasks[0])
-        first = await measured(ledger, 0, drive(
-            clients, ledger, plans, check_first(first_checks, bodies), progress, first_tasks[1]))
-        warm_replays = await drive(clients, ledger, warm,
-                                   check_replay(warm_checks, warm_bodies), progress,
-                                   replay_tasks[0])
-        replays = await measured(ledger, 1, drive(
-            clients, ledger, plans, check_replay(replay_checks, bodies), progress,
-            replay_tasks[1]))
+    async with (
+        running("toolledger serve", argv, port, work / "server.log") as ledger,
+        connections(args.client, ledger, args.concurrency) as clients,
+    ):
+        warm_first = await drive(
+            clients, ledger, warm, check_first(warm_checks, warm_bodies), progress, first_tasks[0]
+        )
+        first = await measured(
+            ledger,
+            0,
+            drive(
+                clients, ledger, plans, check_first(first_checks, bodies), progress, first_tasks[1]
+            ),
+        )
+        warm_replays = await drive(
+            clients, ledger, warm, check_replay(warm_checks, warm_bodies), progress, replay_tasks[0]
+        )
+        replays = await measured(
+            ledger,
+            1,
+            drive(
+                clients,
+                ledger,
+                plans,
+                check_replay(replay_checks, bodies),
+                progress,
+                replay_tasks[1],
+            ),
+        )
     for what, count in warm_checks.failures.items():
         first_checks.failures[f"warm-up {what}"] += count
     counts = ledger_counts(data / "ledger.db")
@@ -761,27 +895,44 @@ async def run_ledger(args: argparse.Namespace, work: Path, progress: Progress, *
     # A request retried after a connection error may have reached the ledger the first time:
     # its retry is then one more replay (answered from the ledger, the handler does not run).
     retried = sum(len(p.transport_errors) for p in (warm_first, first, warm_replays, replays))
-    exact = {ToolCallStarted.TYPE: keys, ToolCallSucceeded.TYPE: keys,
-             "succeeded_distinct_keys": keys, "tool_calls_rows": keys}
+    exact = {
+        ToolCallStarted.TYPE: keys,
+        ToolCallSucceeded.TYPE: keys,
+        "succeeded_distinct_keys": keys,
+        "tool_calls_rows": keys,
+    }
     replayed = counts.get(ToolCallReplayed.TYPE, 0)
-    if (any(counts.get(name) != value for name, value in exact.items())
-            or not keys <= replayed <= keys + retried
-            or set(counts) - {*exact, ToolCallReplayed.TYPE}):
-        first_checks.fail("ledger_file", f"expected {exact}, {keys}..{keys + retried} "
-                                         f"replayed; found {counts}")
-    return LedgerRun(first, replays, first_checks, replay_checks, counts,
-                     len(bodies[0]), profiles if profile else {})
+    if (
+        any(counts.get(name) != value for name, value in exact.items())
+        or not keys <= replayed <= keys + retried
+        or set(counts) - {*exact, ToolCallReplayed.TYPE}
+    ):
+        first_checks.fail(
+            "ledger_file", f"expected {exact}, {keys}..{keys + retried} replayed; found {counts}"
+        )
+    return LedgerRun(
+        first,
+        replays,
+        first_checks,
+        replay_checks,
+        counts,
+        len(bodies[0]),
+        profiles if profile else {},
+    )
 
 
-async def run_bare(args: argparse.Namespace, work: Path,
-                   progress: Progress) -> tuple[Phase, Checks, int]:
+async def run_bare(
+    args: argparse.Namespace, work: Path, progress: Progress
+) -> tuple[Phase, Checks, int]:
     warm, plans = plan(args.warmup, "warm"), plan(args.requests, "key")
     checks = Checks()
     warm_task = progress.add_task("bare FastAPI warm-up", total=len(warm), rate="")
     task = progress.add_task("bare FastAPI", total=len(plans), rate="")
     port = free_port()
-    async with (running("bare uvicorn", bare_argv(port), port, work / "bare.log") as bare,
-                connections(args.client, bare, args.concurrency) as clients):
+    async with (
+        running("bare uvicorn", bare_argv(port), port, work / "bare.log") as bare,
+        connections(args.client, bare, args.concurrency) as clients,
+    ):
         await drive(clients, bare, warm, check_bare(Checks()), progress, warm_task)
         phase = await drive(clients, bare, plans, check_bare(checks), progress, task)
         size = len((await clients[0].send(plans[0])).body)
@@ -800,14 +951,19 @@ def scratch_dir(base: Path | None) -> Iterator[Path]:
 def git_state() -> dict[str, Any]:
     """The commit measured and the tracked files changed on top of it (others may be editing
     the tree while this runs)."""
+
     def git(*argv: str) -> str:
         try:
-            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    modified = [line.split(maxsplit=1)[-1]
-                for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+
+    modified = [
+        line.split(maxsplit=1)[-1]
+        for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
+    ]
     return {"head": git("rev-parse", "--short", "HEAD") or None, "modified": modified}
 
 
@@ -842,39 +998,54 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "replay_p99_ms": round(replays.quantile_ms(0.99), 2),
             "bare_p50_ms": round(bare.quantile_ms(0.50), 2),
             "bare_p99_ms": round(bare.quantile_ms(0.99), 2),
-            "phases": {"first": first.summary(), "replays": replays.summary(),
-                       "bare": bare.summary()},
+            "phases": {
+                "first": first.summary(),
+                "replays": replays.summary(),
+                "bare": bare.summary(),
+            },
             "cores": cores,
             "cpu_note": CORES_NOTE.format(cores=cores),
             "client": args.client,
             "load": (
                 "closed loop: C workers, each with its own keep-alive HTTP/1.1 connection ("
-                + ("raw asyncio streams, pre-encoded requests" if args.client == "raw"
-                   else "an httpx.AsyncClient with a pool of one")
-                + "); latency = request written to end of response body read"),
+                + (
+                    "raw asyncio streams, pre-encoded requests"
+                    if args.client == "raw"
+                    else "an httpx.AsyncClient with a pool of one"
+                )
+                + "); latency = request written to end of response body read"
+            ),
             "server": {
                 "ledger": "python -m toolledger.cli serve --tools bench.http:noop_registry "
-                          "(embedded backend, synchronous=FULL, temp dir)",
+                "(embedded backend, synchronous=FULL, temp dir)",
                 "bare": "python -m uvicorn bench.http:bare_app --factory --no-access-log "
-                        "--lifespan off",
+                "--lifespan off",
                 # toolledger serve: its guarded h11 protocol (httptools answers bad headers
                 # itself), uvloop when installed; the bare app: uvicorn's defaults
-                "uvicorn_http": {"ledger": "h11",
-                                 "bare": "httptools" if version("httptools") else "h11"},
-                "event_loop": {"ledger": serving.event_loop(),
-                               "bare": "uvloop" if version("uvloop") else "asyncio"},
+                "uvicorn_http": {
+                    "ledger": "h11",
+                    "bare": "httptools" if version("httptools") else "h11",
+                },
+                "event_loop": {
+                    "ledger": serving.event_loop(),
+                    "bare": "uvloop" if version("uvloop") else "asyncio",
+                },
             },
             "request_bytes": len(plan(1, "key")[0].body),
             "response_bytes": {"ledger": ledger.response_bytes, "bare": bare_bytes},
-            "checks": {"first": ledger.first_checks.summary(),
-                       "replays": ledger.replay_checks.summary(),
-                       "bare": bare_checks.summary(),
-                       "ledger_file": ledger.counts},
+            "checks": {
+                "first": ledger.first_checks.summary(),
+                "replays": ledger.replay_checks.summary(),
+                "bare": bare_checks.summary(),
+                "ledger_file": ledger.counts,
+            },
             "versions": {
                 "toolledger": version("toolledger"),
                 "python": platform.python_version(),
-                **{name: version(name) for name in
-                   ("fastapi", "starlette", "uvicorn", "h11", "httpx", "pydantic")},
+                **{
+                    name: version(name)
+                    for name in ("fastapi", "starlette", "uvicorn", "h11", "httpx", "pydantic")
+                },
                 "sqlite": sqlite3.sqlite_version,
             },
             "platform": platform.platform(),
@@ -890,37 +1061,62 @@ def show(result: dict[str, Any], console: Console) -> None:
     def ok(name: str) -> str:
         return "ok" if checks[name]["passed"] else "[red]FAILED"
 
-    table = Table(title=f"toolledger HTTP: {meta['requests']} requests, concurrency "
-                        f"{meta['concurrency']}, {meta['cores']} cores shared with the client")
+    table = Table(
+        title=f"toolledger HTTP: {meta['requests']} requests, concurrency "
+        f"{meta['concurrency']}, {meta['cores']} cores shared with the client"
+    )
     columns: list[tuple[str, JustifyMethod]] = [
-        ("metric", "left"), ("value", "right"), ("p50 ms", "right"), ("p99 ms", "right"),
-        ("server CPU ms/req", "right"), ("server CPU", "right"), ("client CPU", "right"),
-        ("others' CPU", "right"), ("notes", "left")]
+        ("metric", "left"),
+        ("value", "right"),
+        ("p50 ms", "right"),
+        ("p99 ms", "right"),
+        ("server CPU ms/req", "right"),
+        ("server CPU", "right"),
+        ("client CPU", "right"),
+        ("others' CPU", "right"),
+        ("notes", "left"),
+    ]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column != "notes")
     for metric, phase, note in [
         ("calls_per_s", "first", f"first executions: {ok('first')}"),
-        ("replays_per_s", "replays",
-         f"{checks['replays']['bodies_compared']} bodies identical: {ok('replays')}"),
+        (
+            "replays_per_s",
+            "replays",
+            f"{checks['replays']['bodies_compared']} bodies identical: {ok('replays')}",
+        ),
         ("bare_per_s", "bare", f"no ledger: {ok('bare')}"),
     ]:
         p = phases[phase]
-        table.add_row(metric, f"{result[metric]:,.1f}", f"{p['p50_ms']:.2f}",
-                      f"{p['p99_ms']:.2f}", f"{p['server_cpu_ms_per_request']:.3f}",
-                      f"{p['server_cpu_per_wall_s']:.2f}",
-                      f"{p['client_cpu_per_wall_s']:.2f}",
-                      f"{p['other_processes_cpu_per_wall_s']:.2f}", note)
-    table.add_row("ratio_calls_vs_bare", f"{result['ratio_calls_vs_bare']:.4f}", "", "", "", "",
-                  "", "", "")
+        table.add_row(
+            metric,
+            f"{result[metric]:,.1f}",
+            f"{p['p50_ms']:.2f}",
+            f"{p['p99_ms']:.2f}",
+            f"{p['server_cpu_ms_per_request']:.3f}",
+            f"{p['server_cpu_per_wall_s']:.2f}",
+            f"{p['client_cpu_per_wall_s']:.2f}",
+            f"{p['other_processes_cpu_per_wall_s']:.2f}",
+            note,
+        )
+    table.add_row(
+        "ratio_calls_vs_bare", f"{result['ratio_calls_vs_bare']:.4f}", "", "", "", "", "", "", ""
+    )
     console.print(table)
-    console.print("req/s by quarter of each phase: " + "; ".join(
-        f"{name} {', '.join(f'{r:,.0f}' for r in phase['per_s_by_quarter'])}"
-        for name, phase in phases.items()))
+    console.print(
+        "req/s by quarter of each phase: "
+        + "; ".join(
+            f"{name} {', '.join(f'{r:,.0f}' for r in phase['per_s_by_quarter'])}"
+            for name, phase in phases.items()
+        )
+    )
     console.print(f"ledger file: {checks['ledger_file']}")
     for name, phase in phases.items():
         if phase["transport_errors_retried"]:
-            console.print(f"[yellow]{name}: {phase['transport_errors_retried']} requests retried "
-                          f"after a connection error, e.g. {phase['transport_error_examples']}")
+            console.print(
+                f"[yellow]{name}: {phase['transport_errors_retried']} requests retried "
+                f"after a connection error, e.g. {phase['transport_error_examples']}"
+            )
     for name in ("first", "replays", "bare"):
         if not checks[name]["passed"]:
             console.print(f"[red]checks failed ({name}): {checks[name]}")
@@ -962,8 +1158,9 @@ def print_profile(path: Path, title: str, console: Console) -> None:
     for (filename, _line, function), (_cc, _nc, own, _cum, _callers) in entries.items():
         by_layer[layer(filename, function)] += own
     total = sum(by_layer.values())
-    layers = Table(title=f"{title}: own time by layer (server process, wall clock, "
-                         f"{total:.1f} s in total)")
+    layers = Table(
+        title=f"{title}: own time by layer (server process, wall clock, {total:.1f} s in total)"
+    )
     layers.add_column("layer")
     layers.add_column("own s", justify="right")
     layers.add_column("share", justify="right")
@@ -971,17 +1168,25 @@ def print_profile(path: Path, title: str, console: Console) -> None:
         layers.add_row(name, f"{own:.2f}", f"{own / total:.1%}")
     console.print(layers)
     for order, restriction, what in [
-            ("tottime", (), "top 20 by own time"),
-            ("cumulative", (re.escape(str(ROOT)) + r"/(?!\.venv/)",),
-             "top 20 toolledger functions by cumulative time (a coroutine's ncalls counts "
-             "its resumptions)")]:
+        ("tottime", (), "top 20 by own time"),
+        (
+            "cumulative",
+            (re.escape(str(ROOT)) + r"/(?!\.venv/)",),
+            "top 20 toolledger functions by cumulative time (a coroutine's ncalls counts "
+            "its resumptions)",
+        ),
+    ]:
         out = io.StringIO()
         stats.stream = out  # type: ignore[attr-defined]
         stats.sort_stats(order).print_stats(*restriction, 20)
         text = out.getvalue()
         console.print(f"[bold]{title}: {what}[/]")
-        console.print(text[text.find("   ncalls"):].rstrip() + "\n", markup=False,
-                      highlight=False, soft_wrap=True)
+        console.print(
+            text[text.find("   ncalls") :].rstrip() + "\n",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def profile(args: argparse.Namespace, console: Console) -> None:
@@ -995,7 +1200,8 @@ def profile(args: argparse.Namespace, console: Console) -> None:
         console.print(
             f"profiled: first executions {run.first.per_s:,.0f}/s, replays "
             f"{run.replays.per_s:,.0f}/s (server under cProfile, one window per measured "
-            f"phase), checks {'ok' if passed else 'FAILED'}")
+            f"phase), checks {'ok' if passed else 'FAILED'}"
+        )
         for phase, path in run.profiles.items():
             print_profile(path, f"profile, {phase} ({args.requests} requests)", console)
             if args.keep_profiles:
@@ -1006,22 +1212,37 @@ def profile(args: argparse.Namespace, console: Console) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.http",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--requests", type=int, default=8192, help="requests per phase")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     parser.add_argument("--warmup", type=int, default=512, help="untimed requests per phase")
-    parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
-                        help="the load generator's connections: raw asyncio streams (light) or "
-                             "one httpx.AsyncClient per connection")
-    parser.add_argument("--profile-requests", type=int, default=4096,
-                        help="requests per profiled phase")
-    parser.add_argument("--keep-profiles", default=None, metavar="DIR",
-                        help="with --profile: also copy the .prof files to DIR")
+    parser.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="the load generator's connections: raw asyncio streams (light) or "
+        "one httpx.AsyncClient per connection",
+    )
+    parser.add_argument(
+        "--profile-requests", type=int, default=4096, help="requests per profiled phase"
+    )
+    parser.add_argument(
+        "--keep-profiles",
+        default=None,
+        metavar="DIR",
+        help="with --profile: also copy the .prof files to DIR",
+    )
     parser.add_argument("--tmp-dir", default=None, help="where the scratch directories go")
     parser.add_argument("--out", default="bench/results/http.json")
-    parser.add_argument("--profile", action="store_true",
-                        help="also run both ledger phases with the server under cProfile")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run both ledger phases with the server under cProfile",
+    )
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == [PROFILED_SERVER]:
         profiled_server(arguments[1], arguments[2:])

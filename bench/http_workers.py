@@ -59,7 +59,7 @@ from bench.http import (
     write_tokens,
 )
 from bench.kafka import delete_topics, fresh_database
-from schemas.events import ToolCallSucceeded
+from toolledger.schemas.events import ToolCallSucceeded
 
 PARTITIONS = 4
 TOOLS = "bench.http:noop_registry"

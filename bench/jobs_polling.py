@@ -51,12 +51,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import write_result
-from processors import executor as executor_core
-from processors.tools.manifest import JobRef, JobRunning, PollAnswer, ToolContext
-from processors.tools.registry import ToolRegistry
-from producers.client import TrustedContext
-from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors import executor as executor_core
+from toolledger.processors.tools.manifest import JobRef, JobRunning, PollAnswer, ToolContext
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import TrustedContext
+from toolledger.schemas.status import CallStatus
 from toolledger.settings import LedgerSettings
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")

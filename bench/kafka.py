@@ -133,19 +133,19 @@ from bench.common import (
     new_progress,
     write_result,
 )
-from processors.pipeline import Stages
-from processors.runtime.kafka import KafkaExecutor
-from processors.tools.redaction import Redactor
-from producers.client import LedgerClient, TrustedContext
-from producers.kafka import KafkaTransport
-from projections.postgres import ApplyResult, PostgresProjection, migrate
-from projections.projector import KafkaProjector
-from projections.rows import EVENT_COLUMNS, Position
-from schemas.codec import encode
-from schemas.dead_letters import DeadLetterRecord
-from schemas.events import Event
-from schemas.topics import Topics
 from toolledger.kafka_admin import ensure_topics
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.runtime.kafka import KafkaExecutor
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.producers.client import LedgerClient, TrustedContext
+from toolledger.producers.kafka import KafkaTransport
+from toolledger.projections.postgres import ApplyResult, PostgresProjection, migrate
+from toolledger.projections.projector import KafkaProjector
+from toolledger.projections.rows import EVENT_COLUMNS, Position
+from toolledger.schemas.codec import encode
+from toolledger.schemas.dead_letters import DeadLetterRecord
+from toolledger.schemas.events import Event
+from toolledger.schemas.topics import Topics
 
 CONTEXT = TrustedContext(tenant_id="bench-tenant", principal="bench-agent")
 PARTITIONS = 4
@@ -1136,9 +1136,7 @@ _COPY_TYPES = {
 }
 
 
-async def run_raw_copy(
-    dsn: str, batches: Sequence[int], progress: Progress
-) -> tuple[float, float]:
+async def run_raw_copy(dsn: str, batches: Sequence[int], progress: Progress) -> tuple[float, float]:
     """The projector's audit rows, written again by binary COPY into a plain table (same
     columns and types, no index, no constraint), batch by batch, one transaction each.
     Rows per second, and this process's CPU ms per row (the client's side of the COPY)."""

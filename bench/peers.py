@@ -275,9 +275,7 @@ def checked(
     checks = executions.check(plan)
     checks.update(wrong_answers=answers.wrong, examples=answers.examples)
     checks["passed"] = bool(checks["passed"]) and answers.wrong == 0
-    return Run(
-        timing, cpu_s, checks, {**extra, "in_progress_retries": answers.in_progress_retries}
-    )
+    return Run(timing, cpu_s, checks, {**extra, "in_progress_retries": answers.in_progress_retries})
 
 
 def warm_plan(calls: int) -> list[WorkCall]:

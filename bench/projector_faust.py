@@ -65,17 +65,17 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.common import write_result
 from bench.faust_projector import PROCESSING_GUARANTEE, FaustProjector
 from bench.kafka import delete_topics
-from processors.ledger import fold_all
-from processors.ledger.rows import call_row
-from projections.postgres import PostgresProjection, migrate
-from projections.projector import KafkaProjector
-from schemas.canonical import args_digest, canonical_json
-from schemas.codec import encode
-from schemas.events import Envelope, Event, ToolCallStarted, ToolCallSucceeded
-from schemas.keys import CallKey, partition_for
-from schemas.topics import INTENT_ID_HEADER, Topics
 from tests import postgres_reads
 from toolledger.kafka_admin import ensure_topics
+from toolledger.processors.ledger import fold_all
+from toolledger.processors.ledger.rows import call_row
+from toolledger.projections.postgres import PostgresProjection, migrate
+from toolledger.projections.projector import KafkaProjector
+from toolledger.schemas.canonical import args_digest, canonical_json
+from toolledger.schemas.codec import encode
+from toolledger.schemas.events import Envelope, Event, ToolCallStarted, ToolCallSucceeded
+from toolledger.schemas.keys import CallKey, partition_for
+from toolledger.schemas.topics import INTENT_ID_HEADER, Topics
 
 DEFAULT_OUT = Path("bench/results/projector_faust.json")
 T0 = datetime(2025, 3, 1, 9, 0, 0, tzinfo=UTC)

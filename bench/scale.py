@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import TOOL, Counter, make_registry, write_result
-from producers.client import TrustedContext
+from toolledger.producers.client import TrustedContext
 
 if TYPE_CHECKING:  # imported where used: an embedded run's process does not load Kafka's code
-    from schemas.topics import Topics
+    from toolledger.schemas.topics import Topics
 
 CONTEXT = TrustedContext("bench-tenant", "bench@example.com")
 CALLERS = 64
@@ -109,8 +109,8 @@ async def _callers(ledger: Any, first: int, count: int, prefix: str) -> None:
 async def _audit_rounds(log: Any, retention: timedelta | None) -> AsyncIterator[None]:
     """The audit trail's retention as ``serve --audit-retention`` runs it (rounds every
     :data:`AUDIT_ROUND_S` here, so that a short retention shows within the run)."""
-    from projections.audit_retention import prune_sqlite
     from toolledger.audit import audit_retention
+    from toolledger.projections.audit_retention import prune_sqlite
 
     async def prune(cutoff: datetime) -> int:
         return await asyncio.to_thread(prune_sqlite, log.locked_write, cutoff)
@@ -124,8 +124,8 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
     the intents' 7 days, which a run never reaches). Otherwise it is every retention at once:
     keys, raw intents and the audit trail with the log's events (what a platform that keeps
     nothing longer than that sets)."""
-    from processors.tools.retention import FOREVER, parse_retention
     from toolledger.embedded import EmbeddedLedger
+    from toolledger.processors.tools.retention import FOREVER, parse_retention
     from toolledger.settings import LedgerSettings
 
     counter = Counter()
@@ -193,8 +193,8 @@ async def embedded_run(calls: int, step: int, retention: str, directory: Path) -
 async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
     """One run on topics of its own, deleted at the end (a run writes ``keys`` records)."""
     from bench.kafka import delete_topics
-    from schemas.topics import Topics
     from toolledger.kafka_admin import ensure_topics
+    from toolledger.schemas.topics import Topics
 
     topics = Topics(prefix=f"scale{uuid.uuid4().hex[:8]}.", partitions=1)
     await ensure_topics(bootstrap, topics)
@@ -207,8 +207,8 @@ async def kafka_run(bootstrap: str, keys: int) -> dict[str, Any]:
 async def _takeovers(bootstrap: str, keys: int, topics: Topics) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    from processors.runtime.kafka import cluster_id, meta_headers, restore_local
-    from processors.runtime.local_store import LocalStore
+    from toolledger.processors.runtime.kafka import cluster_id, meta_headers, restore_local
+    from toolledger.processors.runtime.local_store import LocalStore
 
     state = _state_template()
     settled = datetime.fromisoformat("2026-12-01T00:00:00.1Z").timestamp()

@@ -47,9 +47,9 @@ from datetime import datetime, timedelta
 
 from opentelemetry.trace import Span
 
-from processors import tracing
-from processors.key_cache import DEFAULT_CACHE_ENTRIES, KeyCache
-from processors.ledger import (
+from toolledger.processors import tracing
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES, KeyCache
+from toolledger.processors.ledger import (
     Action,
     AttemptFinished,
     AttemptOutcome,
@@ -77,7 +77,7 @@ from processors.ledger import (
     evolve,
     expires_at,
 )
-from processors.ledger.governance import (
+from toolledger.processors.ledger.governance import (
     APPROVAL_EVENTS,
     Switch,
     evolve_approvals,
@@ -86,7 +86,7 @@ from processors.ledger.governance import (
     switch_of,
     switched_off,
 )
-from processors.ports import (
+from toolledger.processors.ports import (
     Admitted,
     Clock,
     CommitBatch,
@@ -97,9 +97,9 @@ from processors.ports import (
     ToolStages,
     Write,
 )
-from schemas.codec import CodecError, decode
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.schemas.codec import CodecError, decode
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -114,8 +114,8 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.keys import call_key_of
-from schemas.status import CallStatus
+from toolledger.schemas.keys import call_key_of
+from toolledger.schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.executor")
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from processors.ledger import CallState
-from processors.ledger.governance import ApprovalBook
-from processors.ports import KeyEntry, StateStore
-from schemas.status import CallStatus
+from toolledger.processors.ledger import CallState
+from toolledger.processors.ledger.governance import ApprovalBook
+from toolledger.processors.ports import KeyEntry, StateStore
+from toolledger.schemas.status import CallStatus
 
 DEFAULT_CACHE_ENTRIES = 16_384  # per executor, shared by its partitions: tens of MB
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from processors import tracing
-from processors.ledger import (
+from toolledger.processors import tracing
+from toolledger.processors.ledger import (
     ApprovalGate,
     AttemptOutcome,
     CallContext,
@@ -44,9 +44,9 @@ from processors.ledger import (
     Success,
     TimedOut,
 )
-from processors.ports import Admitted, Clock, SystemClock
-from processors.tools import manifest as tools
-from processors.tools.manifest import (
+from toolledger.processors.ports import Admitted, Clock, SystemClock
+from toolledger.processors.tools import manifest as tools
+from toolledger.processors.tools.manifest import (
     EffectClass,
     HandlerResult,
     Impact,
@@ -55,12 +55,12 @@ from processors.tools.manifest import (
     ToolContext,
     ToolError,
 )
-from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
-from processors.tracing import stage
-from schemas.canonical import CanonicalJsonError, canonical_json, digest_of_canonical
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.events import (
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.tracing import stage
+from toolledger.schemas.canonical import CanonicalJsonError, canonical_json, digest_of_canonical
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
@@ -72,14 +72,14 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.governance import approval_id_for
-from schemas.keys import (
+from toolledger.schemas.governance import approval_id_for
+from toolledger.schemas.keys import (
     InvalidIdempotencyKey,
     call_id_for,
     call_key_of,
     check_idempotency_key,
 )
-from schemas.nesting import NestingTooDeep, check_text_depth
+from toolledger.schemas.nesting import NestingTooDeep, check_text_depth
 
 log = logging.getLogger("toolledger.executor")
 

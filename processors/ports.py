@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
-from processors.ledger import (
+from toolledger.processors.ledger import (
     AttemptOutcome,
     CallContext,
     CallState,
@@ -35,9 +35,9 @@ from processors.ledger import (
     Policy,
     ReconcileOutcome,
 )
-from processors.ledger.governance import ApprovalBook, Switch
-from schemas.errors import ErrorInfo
-from schemas.events import (
+from toolledger.processors.ledger.governance import ApprovalBook, Switch
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import (
     Event,
     ToolCallJobCancelRequested,
     ToolCallJobReported,
@@ -46,7 +46,7 @@ from schemas.events import (
 )
 
 if TYPE_CHECKING:
-    from processors.tools.manifest import Tool
+    from toolledger.processors.tools.manifest import Tool
 
 __all__ = [
     "Admitted",

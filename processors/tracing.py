@@ -31,7 +31,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from processors.ledger import (
+from toolledger.processors.ledger import (
     AttemptOutcome,
     CallContext,
     Failure,
@@ -42,8 +42,8 @@ from processors.ledger import (
     Success,
     TimedOut,
 )
-from schemas.errors import ErrorCode
-from schemas.events import (
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.events import (
     ApprovalRequested,
     Envelope,
     Event,
@@ -57,7 +57,7 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.keys import call_id_for
+from toolledger.schemas.keys import call_id_for
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider

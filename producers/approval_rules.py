@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from producers.client import TrustedContext
-from schemas.calls import ApprovalView
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.keys import call_key_of
+from toolledger.producers.client import TrustedContext
+from toolledger.schemas.calls import ApprovalView
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.keys import call_key_of
 
 OPERATOR = "operator"
 GLOBAL_OPERATOR = "operator:global"

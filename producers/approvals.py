@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from producers import governance
-from producers.approval_rules import approve_refusal, deny_refusal
-from producers.client import CallResult, TransportError, TrustedContext
-from schemas.calls import ApprovalView
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import ApprovalRequested, Event, ToolCallRejected
-from schemas.keys import call_id_of
+from toolledger.producers import governance
+from toolledger.producers.approval_rules import approve_refusal, deny_refusal
+from toolledger.producers.client import CallResult, TransportError, TrustedContext
+from toolledger.schemas.calls import ApprovalView
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import ApprovalRequested, Event, ToolCallRejected
+from toolledger.schemas.keys import call_id_of
 
 __all__ = [
     "Approvals",

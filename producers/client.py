@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from producers.outcomes import OutcomeHub, Waiter
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.events import (
+from toolledger.producers.outcomes import OutcomeHub, Waiter
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.events import (
     ApprovalRequested,
     Envelope,
     Event,
@@ -38,8 +38,8 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.governance import token_digest
-from schemas.keys import (
+from toolledger.schemas.governance import token_digest
+from toolledger.schemas.keys import (
     DEFAULT_KEY_SCOPE,
     CallKey,
     InvalidIdempotencyKey,
@@ -48,8 +48,8 @@ from schemas.keys import (
     check_idempotency_key,
     random_id,
 )
-from schemas.nesting import NestingTooDeep
-from schemas.status import CallStatus
+from toolledger.schemas.nesting import NestingTooDeep
+from toolledger.schemas.status import CallStatus
 
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 60.0

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from schemas.calls import ANY, IMPACT_FIELDS, ApprovalView
-from schemas.events import (
+from toolledger.schemas.calls import ANY, IMPACT_FIELDS, ApprovalView
+from toolledger.schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -23,8 +23,8 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.governance import token_digest
-from schemas.keys import call_id_of
+from toolledger.schemas.governance import token_digest
+from toolledger.schemas.keys import call_id_of
 
 DEFAULT_TOKEN_TTL = timedelta(minutes=10)
 MAX_REASON_CHARS = 1000

@@ -29,19 +29,24 @@ from urllib.parse import quote
 
 import httpx
 
-from producers.approvals import Decision, PendingApproval, deny_reason
-from producers.client import (
+from toolledger.producers.approvals import Decision, PendingApproval, deny_reason
+from toolledger.producers.client import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
     CallResult,
     TransportError,
     TrustedContext,
 )
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.groups import GroupAnswer, GroupView
-from schemas.keys import DEFAULT_KEY_SCOPE, CallKey, InvalidIdempotencyKey, check_idempotency_key
-from schemas.nesting import NestingTooDeep
-from schemas.status import CallStatus
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.groups import GroupAnswer, GroupView
+from toolledger.schemas.keys import (
+    DEFAULT_KEY_SCOPE,
+    CallKey,
+    InvalidIdempotencyKey,
+    check_idempotency_key,
+)
+from toolledger.schemas.nesting import NestingTooDeep
+from toolledger.schemas.status import CallStatus
 
 PROBLEM = "application/problem+json"
 CONNECT_TIMEOUT_S = 5.0

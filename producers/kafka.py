@@ -16,12 +16,12 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from producers.client import TransportError
-from producers.outcomes import OutcomeHub
-from schemas.codec import CodecError
-from schemas.events import Event
-from schemas.topics import INTENT_ID_HEADER, Topics
-from schemas.wire import SINGLE_OBJECT, WireFormat
+from toolledger.producers.client import TransportError
+from toolledger.producers.outcomes import OutcomeHub
+from toolledger.schemas.codec import CodecError
+from toolledger.schemas.events import Event
+from toolledger.schemas.topics import INTENT_ID_HEADER, Topics
+from toolledger.schemas.wire import SINGLE_OBJECT, WireFormat
 
 log = logging.getLogger("toolledger.producer")
 

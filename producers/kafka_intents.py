@@ -16,10 +16,10 @@ from datetime import datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas.codec import CodecError, decode
-from schemas.events import ToolCallRequested
-from schemas.keys import partition_for
-from schemas.topics import Topics
+from toolledger.schemas.codec import CodecError, decode
+from toolledger.schemas.events import ToolCallRequested
+from toolledger.schemas.keys import partition_for
+from toolledger.schemas.topics import Topics
 
 WINDOW = timedelta(minutes=2)
 MAX_RECORDS = 200_000  # read at most this many records of the partition per lookup

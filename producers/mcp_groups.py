@@ -24,10 +24,10 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from producers.client import TrustedContext
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupService, GroupView
-from schemas.keys import InvalidIdempotencyKey, check_idempotency_key
+from toolledger.producers.client import TrustedContext
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupService, GroupView
+from toolledger.schemas.keys import InvalidIdempotencyKey, check_idempotency_key
 
 RUN_GROUP = "toolledger_run_group"
 GET_GROUP = "toolledger_get_group"

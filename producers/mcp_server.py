@@ -147,15 +147,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from producers.adapters import (
+from toolledger.producers.adapters import (
     ToolSpec,
     arguments_schema,
     description,
     index_tools,
     refusal,
 )
-from producers.approval_rules import confirmed_in_person
-from producers.approvals import (
+from toolledger.producers.approval_rules import confirmed_in_person
+from toolledger.producers.approvals import (
     Approvals,
     Approve,
     Deny,
@@ -164,18 +164,18 @@ from producers.approvals import (
     apply_decision,
     pending_approval,
 )
-from producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
-from producers.governance import approval_request_json
-from producers.http.auth import Authenticator, AuthFailure, Throttled, throttled_check
-from producers.http.ratelimit import AuthThrottle
-from producers.mcp_groups import GROUP_TOOLS, McpGroups
-from producers.mcp_tasks import McpTasks
-from schemas.calls import CallQueries
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.events import ApprovalRequested
-from schemas.groups import GroupService
-from schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
-from schemas.nesting import NestingTooDeep, check_depth, check_text_depth
+from toolledger.producers.client import CallResult, LedgerClient, QueuedProbe, TrustedContext
+from toolledger.producers.governance import approval_request_json
+from toolledger.producers.http.auth import Authenticator, AuthFailure, Throttled, throttled_check
+from toolledger.producers.http.ratelimit import AuthThrottle
+from toolledger.producers.mcp_groups import GROUP_TOOLS, McpGroups
+from toolledger.producers.mcp_tasks import McpTasks
+from toolledger.schemas.calls import CallQueries
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.events import ApprovalRequested
+from toolledger.schemas.groups import GroupService
+from toolledger.schemas.keys import MAX_KEY_LENGTH, InvalidIdempotencyKey, check_idempotency_key
+from toolledger.schemas.nesting import NestingTooDeep, check_depth, check_text_depth
 
 log = logging.getLogger("toolledger.mcp")
 

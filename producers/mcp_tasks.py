@@ -41,13 +41,19 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from producers.adapters import ToolSpec
-from producers.approval_rules import reads
-from producers.client import CallResult, LedgerClient, TransportError, TrustedContext, job_record
-from schemas.calls import CallQueries, CallView
-from schemas.errors import ErrorCode
-from schemas.events import JobInfo, ToolCallRejected
-from schemas.status import CallStatus
+from toolledger.producers.adapters import ToolSpec
+from toolledger.producers.approval_rules import reads
+from toolledger.producers.client import (
+    CallResult,
+    LedgerClient,
+    TransportError,
+    TrustedContext,
+    job_record,
+)
+from toolledger.schemas.calls import CallQueries, CallView
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.events import JobInfo, ToolCallRejected
+from toolledger.schemas.status import CallStatus
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 POLL_INTERVAL_MS = 1000

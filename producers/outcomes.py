@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas.events import Event, ToolCallStarted, answers_intent
+from toolledger.schemas.events import Event, ToolCallStarted, answers_intent
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from projections.dialect import POSTGRES, SQLITE, Dialect, Query
+from toolledger.projections.dialect import POSTGRES, SQLITE, Dialect, Query
 
 BATCH = 1_000
 OPEN_STATUSES = ("PENDING", "UNKNOWN")

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from projections.dialect import Dialect, Query, parsed_time
-from projections.rows import AUDIT_SELECT
-from schemas.evaluation import AuditRecord, CallRecord
-from schemas.groups import GroupView
+from toolledger.projections.dialect import Dialect, Query, parsed_time
+from toolledger.projections.rows import AUDIT_SELECT
+from toolledger.schemas.evaluation import AuditRecord, CallRecord
+from toolledger.schemas.groups import GroupView
 
 _SLACK = timedelta(seconds=1)
 _CALL_SELECT = (

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from projections.dialect import Dialect, Query, parsed_time
-from projections.rows import AUDIT_SELECT
+from toolledger.projections.dialect import Dialect, Query, parsed_time
+from toolledger.projections.rows import AUDIT_SELECT
 
 PAGE = 5_000
 _SLACK = timedelta(seconds=1)

@@ -22,8 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from projections.dialect import Dialect, Query, aware
-from schemas.calls import (
+from toolledger.projections.dialect import Dialect, Query, aware
+from toolledger.schemas.calls import (
     APPROVAL_STATUSES,
     STAT_COUNTS,
     ApprovalPage,

@@ -37,9 +37,9 @@ from typing import Any
 import psycopg
 from aiokafka import AIOKafkaProducer
 
-from schemas.cloudevents import Header, group_event_headers
-from schemas.keys import partition_for
-from schemas.topics import Topics
+from toolledger.schemas.cloudevents import Header, group_event_headers
+from toolledger.schemas.keys import partition_for
+from toolledger.schemas.topics import Topics
 
 log = logging.getLogger("toolledger.groups")
 

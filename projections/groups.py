@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from processors.groups.codec import GroupDecodeError, appended_at, decode_event
-from processors.groups.core import fold
-from processors.groups.facts import StepTool
-from processors.groups.views import GroupMeta, group_view
-from projections.dialect import SQLITE, Dialect, Query
-from schemas.groups import GroupView
+from toolledger.processors.groups.codec import GroupDecodeError, appended_at, decode_event
+from toolledger.processors.groups.core import fold
+from toolledger.processors.groups.facts import StepTool
+from toolledger.processors.groups.views import GroupMeta, group_view
+from toolledger.projections.dialect import SQLITE, Dialect, Query
+from toolledger.schemas.groups import GroupView
 
 log_ = logging.getLogger("toolledger.groups")
 

@@ -34,10 +34,10 @@ from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from processors.ledger.rows import CALL_COLUMNS, STATE_SELECT, call_row, state_of_row
-from projections import governance, search
-from projections.dialect import POSTGRES, Query
-from projections.rows import (
+from toolledger.processors.ledger.rows import CALL_COLUMNS, STATE_SELECT, call_row, state_of_row
+from toolledger.projections import governance, search
+from toolledger.projections.dialect import POSTGRES, Query
+from toolledger.projections.rows import (
     ANALYTICS_COLUMNS,
     EVENT_COLUMNS,
     Position,
@@ -48,8 +48,8 @@ from projections.rows import (
     latest_durations,
     read_only_call,
 )
-from schemas.dead_letters import DeadLetterRecord
-from schemas.events import Event
+from toolledger.schemas.dead_letters import DeadLetterRecord
+from toolledger.schemas.events import Event
 
 __all__ = [
     "PROJECTION_TABLES",

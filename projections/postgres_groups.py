@@ -17,9 +17,9 @@ from typing import Any
 
 import psycopg
 
-from processors.groups.views import GroupMeta
-from projections.dialect import POSTGRES, Query
-from projections.groups import (
+from toolledger.processors.groups.views import GroupMeta
+from toolledger.projections.dialect import POSTGRES, Query
+from toolledger.projections.groups import (
     GROUP_IDS,
     UNFINISHED,
     appended,
@@ -29,8 +29,8 @@ from projections.groups import (
     search_groups,
     views,
 )
-from projections.postgres import PostgresProjection
-from schemas.groups import GroupView
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.schemas.groups import GroupView
 
 _LOCK_CLASS = 0x7467  # "tg": the advisory lock class of group claims
 

@@ -32,19 +32,19 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from projections.postgres import (
+from toolledger.projections.postgres import (
     ApplyResult,
     PostgresProjection,
     ProjectionError,
     ProjectionUnavailable,
 )
-from projections.rows import Position
-from schemas.cloudevents import Header
-from schemas.codec import CodecError
-from schemas.dead_letters import DeadLetterRecord, UnreadableDeadLetter
-from schemas.events import Event, ToolCallRequested
-from schemas.topics import Topics
-from schemas.wire import SINGLE_OBJECT, WireFormat
+from toolledger.projections.rows import Position
+from toolledger.schemas.cloudevents import Header
+from toolledger.schemas.codec import CodecError
+from toolledger.schemas.dead_letters import DeadLetterRecord, UnreadableDeadLetter
+from toolledger.schemas.events import Event, ToolCallRequested
+from toolledger.schemas.topics import Topics
+from toolledger.schemas.wire import SINGLE_OBJECT, WireFormat
 
 __all__ = [
     "Batch",

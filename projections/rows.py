@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from processors.ledger import CallContext, CallState, evolve
-from processors.ledger.rows import call_row, holds_nul
-from schemas.events import (
+from toolledger.processors.ledger import CallContext, CallState, evolve
+from toolledger.processors.ledger.rows import call_row, holds_nul
+from toolledger.schemas.events import (
     Envelope,
     Event,
     ToolCallFailed,
@@ -23,9 +23,9 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.keys import call_id_for
-from schemas.status import CallStatus
-from schemas.topics import Position as Position  # where an event was read (re-exported)
+from toolledger.schemas.keys import call_id_for
+from toolledger.schemas.status import CallStatus
+from toolledger.schemas.topics import Position as Position  # where an event was read (re-exported)
 
 EVENT_COLUMNS = (
     "event_id",

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from projections import evaluation, export
-from projections.dialect import Dialect, Query, parsed_time, within
-from projections.rows import AUDIT_SELECT, audit_payload
-from schemas.calls import (
+from toolledger.projections import evaluation, export
+from toolledger.projections.dialect import Dialect, Query, parsed_time, within
+from toolledger.projections.rows import AUDIT_SELECT, audit_payload
+from toolledger.schemas.calls import (
     CallFilter,
     CallView,
     Page,
@@ -21,8 +21,8 @@ from schemas.calls import (
     encode_cursor,
     encode_recent_cursor,
 )
-from schemas.evaluation import AuditRecord, CallRecord, EvaluationFacts
-from schemas.groups import GroupView
+from toolledger.schemas.evaluation import AuditRecord, CallRecord, EvaluationFacts
+from toolledger.schemas.groups import GroupView
 
 CALL_SELECT = (
     "SELECT call_id, tenant_id, tool_name, tool_version, idempotency_key, args_digest, status, "

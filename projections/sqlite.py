@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from projections import governance, search
-from projections.dialect import SQLITE, Query
-from schemas.events import Event
-from schemas.keys import call_id_for
+from toolledger.projections import governance, search
+from toolledger.projections.dialect import SQLITE, Query
+from toolledger.schemas.events import Event
+from toolledger.schemas.keys import call_id_for
 
 _APPROVAL_TYPES = "'ApprovalRequested', 'ApprovalGranted', 'ApprovalDenied', 'ApprovalConsumed'"
 _SWITCH_TYPES = "'ToolDisabled', 'ToolEnabled'"

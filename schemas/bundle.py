@@ -8,8 +8,8 @@ Node's ``avsc``; fastavro), with no other file to load first. The union is only 
 container: an event is written with its own record schema, whose fingerprint (the
 single-object header) is that record's, with the types it uses inlined.
 
-Regenerate after changing a ``.avsc`` file: ``python -m schemas.bundle`` (a unit test fails
-while a bundle differs from what this module makes).
+Regenerate after changing a ``.avsc`` file: ``python -m toolledger.schemas.bundle`` (a unit
+test fails while a bundle differs from what this module makes).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
-from schemas.codec import AVRO_ROOT, PRIMITIVES, VERSIONS, named_types
+from toolledger.schemas.codec import AVRO_ROOT, PRIMITIVES, VERSIONS, named_types
 
 __all__ = ["BUNDLE_DIR", "bundle", "bundle_text", "main"]
 
 BUNDLE_DIR: Final = AVRO_ROOT / "bundle"
+
 
 def _references(node: Any) -> set[str]:
     """Full names of the named types ``node`` refers to (by name, not by definition)."""

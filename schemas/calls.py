@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from schemas.errors import ErrorInfo
-from schemas.evaluation import EvaluationReads
-from schemas.events import JobInfo
-from schemas.status import CallStatus
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.evaluation import EvaluationReads
+from toolledger.schemas.events import JobInfo
+from toolledger.schemas.status import CallStatus
 
 
 class CallView(BaseModel):

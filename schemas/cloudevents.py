@@ -34,8 +34,8 @@ from functools import lru_cache
 from typing import Final
 from urllib.parse import quote
 
-from schemas.events import Event
-from schemas.keys import call_id_for
+from toolledger.schemas.events import Event
+from toolledger.schemas.keys import call_id_for
 
 __all__ = [
     "EVENT_NAMESPACE",

@@ -40,7 +40,7 @@ from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 from pydantic import ValidationError
 
-from schemas.events import EVENTS_BY_TYPE, Event
+from toolledger.schemas.events import EVENTS_BY_TYPE, Event
 
 __all__ = [
     "AVRO_ROOT",

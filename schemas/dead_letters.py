@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from schemas.cloudevents import Header
+from toolledger.schemas.cloudevents import Header
 
 __all__ = [
     "ERROR_HEADERS",

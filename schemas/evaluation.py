@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from schemas.errors import ErrorCode
-from schemas.groups import GroupView
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.groups import GroupView
 
 BUDGET_CODES = frozenset({ErrorCode.RATE_LIMITED.value, ErrorCode.RETRY_LIMIT_EXCEEDED.value})
 """Refusals for a budget: a rate limit, or a run's or a key's retries used up."""

@@ -14,8 +14,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.errors import ErrorInfo, FieldError
-from schemas.status import CallStatus
+from toolledger.schemas.errors import ErrorInfo, FieldError
+from toolledger.schemas.status import CallStatus
 
 SCHEMA_VERSION = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
 
 __all__ = ["disabled_error", "token_digest"]
 

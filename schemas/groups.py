@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.errors import ErrorInfo, FieldError
-from schemas.keys import derive_idempotency_key
+from toolledger.schemas.errors import ErrorInfo, FieldError
+from toolledger.schemas.keys import derive_idempotency_key
 
 # a step's id in a group definition (the adapters make ids that fit it)
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"

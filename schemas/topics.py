@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.events import Event
-from schemas.keys import call_id_for, partition_for
+from toolledger.schemas.events import Event
+from toolledger.schemas.keys import call_id_for, partition_for
 
 INTENT_ID_HEADER = "intent_id"
 ANSWER_HEADER = "answer"  # "1" on the event that answers its intent's caller

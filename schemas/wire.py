@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Final, Protocol
 
-from schemas import codec
-from schemas.cloudevents import EVENT_NAMESPACE, Header, event_headers
-from schemas.events import Event
-from schemas.topics import partition_key
+from toolledger.schemas import codec
+from toolledger.schemas.cloudevents import EVENT_NAMESPACE, Header, event_headers
+from toolledger.schemas.events import Event
+from toolledger.schemas.topics import partition_key
 
 __all__ = [
     "CONFLUENT_MAGIC",

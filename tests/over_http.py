@@ -11,14 +11,14 @@ from typing import Any
 
 import httpx
 
-from processors.tools.registry import ToolRegistry
-from producers.client import CallResult, LedgerClient, TrustedContext
-from producers.http.app import ToolInfo, create_app
-from producers.http.auth import UNKNOWN_TOKEN, AuthFailure, TokenStore, bearer_token
-from producers.http_client import HttpLedgerClient, RemoteTool
-from projections.sqlite import SqliteCalls
-from schemas.events import Event
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import CallResult, LedgerClient, TrustedContext
+from toolledger.producers.http.app import ToolInfo, create_app
+from toolledger.producers.http.auth import UNKNOWN_TOKEN, AuthFailure, TokenStore, bearer_token
+from toolledger.producers.http_client import HttpLedgerClient, RemoteTool
+from toolledger.projections.sqlite import SqliteCalls
+from toolledger.schemas.events import Event
 from toolledger.serve import Security, tool_infos
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from projections.postgres import _CALL_COLUMNS, _EVENT_COLUMNS, PostgresProjection, _ids
+from toolledger.projections.postgres import _CALL_COLUMNS, _EVENT_COLUMNS, PostgresProjection, _ids
 
 
 async def _rows(

@@ -15,7 +15,7 @@ from typing import NoReturn
 import psycopg
 import pytest
 
-from projections.postgres import migrate
+from toolledger.projections.postgres import migrate
 
 
 def _reachable(host_port: str) -> bool:

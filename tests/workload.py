@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from producers import governance
-from producers.client import CallResult, TrustedContext
-from schemas.events import ApprovalRequested
 from tests.contract.harness import ACME, GLOBEX, Harness
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.schemas.events import ApprovalRequested
 
 RUN_A = "run-a"
 RUN_B = "run-b"

@@ -13,8 +13,8 @@ from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Any, Literal
 
-from projections.search import CallReads
-from schemas.evaluation import Report, report_of
+from toolledger.projections.search import CallReads
+from toolledger.schemas.evaluation import Report, report_of
 
 ExportFormat = Literal["parquet", "csv", "jsonl"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("parquet", "csv", "jsonl")
@@ -51,7 +51,7 @@ async def read_side(data: Path | None, postgres: str | None) -> AsyncIterator[Ca
     if (data is None) == (postgres is None):
         raise AnalyticsError("give the embedded ledger (--data DIR) or PostgreSQL (--postgres)")
     if data is not None:
-        from projections.sqlite import SqliteCalls
+        from toolledger.projections.sqlite import SqliteCalls
 
         path = data / LEDGER_FILE
         if not path.is_file():
@@ -63,7 +63,7 @@ async def read_side(data: Path | None, postgres: str | None) -> AsyncIterator[Ca
             conn.close()
         return
     assert postgres is not None
-    from projections.postgres import PostgresCalls, PostgresProjection, ProjectionError
+    from toolledger.projections.postgres import PostgresCalls, PostgresProjection, ProjectionError
 
     try:
         async with PostgresProjection(postgres) as projection:

@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
-from projections.sqlite import SqliteReadModel
 from toolledger import logs, options
 from toolledger.config import (
     DEFAULT_KAFKA,
@@ -53,10 +50,13 @@ from toolledger.options import (
     ServeKafkaOption,
     ServePostgresOption,
 )
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
+from toolledger.projections.sqlite import SqliteReadModel
 
 if TYPE_CHECKING:
-    from processors.tools.registry import ToolRegistry
     from toolledger.http_server import ConnectionLimits
+    from toolledger.processors.tools.registry import ToolRegistry
     from toolledger.serve import Security
     from toolledger.settings import LedgerSettings
 
@@ -110,7 +110,7 @@ def main(
 
 def _tracing() -> None:
     """Spans of the executor's stages, exported by OTLP if OTEL_EXPORTER_OTLP_ENDPOINT is set."""
-    from processors.tracing import configure_tracing
+    from toolledger.processors.tracing import configure_tracing
 
     configure_tracing(None)
 
@@ -277,8 +277,6 @@ def topics(
     with the intents' retention (a group's events carry its steps' literal arguments), and the
     settings topic, which records the deployment's key retention."""
     _require("kafka", what="toolledger topics")
-    from processors.tools.retention import RetentionError, describe, parse_retention
-    from schemas.topics import Topics
     from toolledger.kafka_admin import (
         TopicError,
         apply_topic_configs,
@@ -290,6 +288,8 @@ def topics(
         recorded_key_retention,
         set_key_retention,
     )
+    from toolledger.processors.tools.retention import RetentionError, describe, parse_retention
+    from toolledger.schemas.topics import Topics
 
     try:
         intents_ms = _retention_ms(
@@ -336,7 +336,7 @@ def topics(
 
 
 def _retention_ms(text: str, *, allow_forever: bool, what: str) -> int:
-    from processors.tools.retention import FOREVER, RetentionError, parse_retention
+    from toolledger.processors.tools.retention import FOREVER, RetentionError, parse_retention
 
     try:
         retention = parse_retention(text, what)
@@ -365,8 +365,8 @@ PostgresOption = Annotated[
 def migrate(postgres: PostgresOption = DEFAULT_POSTGRES) -> None:
     """Apply the projection migrations to PostgreSQL (safe to run twice)."""
     _require("postgres", what="toolledger migrate")
-    from projections.postgres import ProjectionError
-    from projections.postgres import migrate as apply_migrations
+    from toolledger.projections.postgres import ProjectionError
+    from toolledger.projections.postgres import migrate as apply_migrations
 
     try:
         applied = asyncio.run(apply_migrations(postgres))
@@ -392,8 +392,8 @@ def projector(
 ) -> None:
     """Fold the outcome log into the PostgreSQL projections (until SIGTERM)."""
     _require("kafka", "postgres", what="toolledger projector")
-    from schemas.topics import Topics
     from toolledger.distributed import run_projector
+    from toolledger.schemas.topics import Topics
 
     try:
         keep = _optional_retention(audit_retention, "--audit-retention")
@@ -444,8 +444,8 @@ def replay(
     With --data: the embedded ledger in that directory. Otherwise: Kafka + PostgreSQL (stop the
     projectors and the front doors first).
     """
-    from processors.tools.group_tools import step_tools
-    from projections.groups import GroupRebuild
+    from toolledger.processors.tools.group_tools import step_tools
+    from toolledger.projections.groups import GroupRebuild
 
     rebuilt: GroupRebuild
     try:  # only the tools' facts are read (keys, compensations): the demo's store is not made
@@ -455,8 +455,8 @@ def replay(
         raise typer.Exit(2) from None
     facts = step_tools(registry)
     if data is not None:
-        from projections.dialect import SQLITE
-        from projections.groups import SqliteGroupLog, rebuild_read_model
+        from toolledger.projections.dialect import SQLITE
+        from toolledger.projections.groups import SqliteGroupLog, rebuild_read_model
 
         log = _existing_ledger(data)
         try:
@@ -470,8 +470,8 @@ def replay(
             log.close()
     else:
         _require("kafka", "postgres", what="toolledger replay without --data")
-        from schemas.topics import Topics
         from toolledger.distributed import ProjectorsRunning, replay_distributed
+        from toolledger.schemas.topics import Topics
 
         try:
             with console.status("rebuilding the PostgreSQL projections from Kafka"):
@@ -526,9 +526,9 @@ def report(
     argument validity, repeated calls, recoveries, order against the groups' dependencies,
     budget and permission refusals, human rejections, UNKNOWNs, and the production metrics
     (docs/evaluation.md)."""
-    from schemas.evaluation import FORMATS, render
     from toolledger.analytics import AnalyticsError, read_side, window
     from toolledger.analytics import report as evaluate
+    from toolledger.schemas.evaluation import FORMATS, render
 
     if postgres is not None:
         _require("postgres", what="toolledger report --postgres")
@@ -712,10 +712,10 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the HTTP API (embedded backend in --data unless --kafka and --postgres are given)."""
-    from producers.http.auth import TokenFileError, TokenStore
-    from producers.http.door_state import RunBudget
     from toolledger import serving
     from toolledger.http_server import ConnectionLimits
+    from toolledger.producers.http.auth import TokenFileError, TokenStore
+    from toolledger.producers.http.door_state import RunBudget
 
     # nothing is written before every check passed: no --data left behind by a refusal
     source = ToolSource(tools, demo, data / "helpdesk.db")
@@ -827,8 +827,8 @@ class _DoorSpec:
     ) -> None:
         """On ``host:port`` (bound once the front door is open), or on the bound ``sock`` of
         a worker."""
-        from producers.http.app import create_app
         from toolledger import serve as wiring
+        from toolledger.producers.http.app import create_app
         from toolledger.serving import bind, serve_socket
 
         async with wiring.front_door(self.settings, registry, self.security) as front:

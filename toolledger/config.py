@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from processors.runtime.ledger_file import write_failure
-from processors.tools.registry import ToolRegistry
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.processors.runtime.ledger_file import write_failure
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
 # the commands' --kafka and --postgres (else TOOLLEDGER_KAFKA and TOOLLEDGER_POSTGRES)
 DEFAULT_KAFKA = "127.0.0.1:19092"

@@ -12,15 +12,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from processors.groups import compensation_key, step_key
-from processors.tools.manifest import RetryPolicy
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers import governance
-from producers.client import CallResult, LedgerClient, TrustedContext
-from producers.keys import derive_idempotency_key
-from schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
-from schemas.status import CallStatus
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.groups import compensation_key, step_key
+from toolledger.processors.tools.manifest import RetryPolicy
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, LedgerClient, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
+from toolledger.schemas.events import ApprovalDenied, ApprovalGranted, ApprovalRequested
+from toolledger.schemas.status import CallStatus
 from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "support-agent-7")

@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from processors.pipeline import Stages
-from processors.runtime.kafka import KafkaExecutor
-from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
-from schemas.topics import Topics
 from toolledger.audit import audit_retention as audit_retention_of
 from toolledger.kafka_admin import ensure_topics
 from toolledger.kafka_settings import agreed_key_retention
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.runtime.kafka import KafkaExecutor
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.schemas.topics import Topics
 from toolledger.settings import LedgerSettings
 
 if TYPE_CHECKING:
-    from processors.groups.facts import StepTool
-    from projections.groups import GroupRebuild
-    from projections.projector import KafkaProjector
+    from toolledger.processors.groups.facts import StepTool
+    from toolledger.projections.groups import GroupRebuild
+    from toolledger.projections.projector import KafkaProjector
 
 log = logging.getLogger("toolledger")
 COORDINATOR_LOG = "aiokafka.consumer.group_coordinator"
@@ -189,9 +189,9 @@ async def run_projector(
 ) -> None:
     """Fold the outcome log into PostgreSQL until SIGTERM; with ``audit_retention``, also
     prune the audit trail of expired keys past it (:mod:`toolledger.audit`)."""
-    from projections.audit_retention import prune_postgres
-    from projections.postgres import PostgresProjection, migrate
-    from projections.projector import KafkaProjector
+    from toolledger.projections.audit_retention import prune_postgres
+    from toolledger.projections.postgres import PostgresProjection, migrate
+    from toolledger.projections.projector import KafkaProjector
 
     await ensure_topics(bootstrap, topics)
     await migrate(postgres)
@@ -224,11 +224,11 @@ async def replay_distributed(
     Returns the events read and what was rebuilt of the groups."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from projections.dialect import POSTGRES
-    from projections.groups import rebuild_read_model
-    from projections.postgres import PostgresProjection, migrate
-    from projections.postgres_groups import PostgresGroupLog
-    from projections.projector import rebuild
+    from toolledger.projections.dialect import POSTGRES
+    from toolledger.projections.groups import rebuild_read_model
+    from toolledger.projections.postgres import PostgresProjection, migrate
+    from toolledger.projections.postgres_groups import PostgresGroupLog
+    from toolledger.projections.projector import rebuild
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

@@ -8,18 +8,18 @@ import random
 import time
 from types import TracebackType
 
-from processors.pipeline import Stages
-from processors.ports import Clock
-from processors.runtime.embedded import EmbeddedRuntime
-from processors.runtime.group_runner import GroupRunner
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
-from producers.client import LedgerClient
-from producers.outcomes import OutcomeHub
-from projections.sqlite import SqliteCalls, SqliteReadModel
-from schemas.events import Event
 from toolledger.groups import embedded_groups
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.ports import Clock
+from toolledger.processors.runtime.embedded import EmbeddedRuntime
+from toolledger.processors.runtime.group_runner import GroupRunner
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.outcomes import OutcomeHub
+from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
+from toolledger.schemas.events import Event
 from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.embedded")

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from processors.runtime.group_runner import (
+from toolledger.processors.runtime.group_runner import (
     STEP_WAIT_S,
     GroupLog,
     GroupReads,
@@ -18,19 +18,19 @@ from processors.runtime.group_runner import (
     StepCall,
     StepCaller,
 )
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.tools.group_tools import step_tools
-from processors.tools.registry import ToolRegistry
-from producers.client import Caller, TrustedContext
-from producers.http.applied import AppliedWatch
-from producers.http.governance import PROJECTION_WAIT_S
-from projections.groups import SqliteGroupLog
-from schemas.calls import CallQueries
-from schemas.events import ApprovalRequested
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.tools.group_tools import step_tools
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import Caller, TrustedContext
+from toolledger.producers.http.applied import AppliedWatch
+from toolledger.producers.http.governance import PROJECTION_WAIT_S
+from toolledger.projections.groups import SqliteGroupLog
+from toolledger.schemas.calls import CallQueries
+from toolledger.schemas.events import ApprovalRequested
 
 if TYPE_CHECKING:
-    from projections.postgres import PostgresProjection
-    from schemas.topics import Topics
+    from toolledger.projections.postgres import PostgresProjection
+    from toolledger.schemas.topics import Topics
 
 
 def step_caller(client: Caller, queries: CallQueries | None = None) -> StepCaller:
@@ -103,9 +103,9 @@ async def postgres_groups(
     """Groups on Kafka + PostgreSQL, started, their stops pushed on ``stack``: the log in
     PostgreSQL (claimed per group, so several front doors may run this), published to the
     groups topic by a relay (one front door's at a time)."""
-    from projections.group_relay import GroupEventRelay
-    from projections.postgres import PostgresCalls
-    from projections.postgres_groups import PostgresGroupLog
+    from toolledger.projections.group_relay import GroupEventRelay
+    from toolledger.projections.postgres import PostgresCalls
+    from toolledger.projections.postgres_groups import PostgresGroupLog
 
     relay = await stack.enter_async_context(GroupEventRelay(dsn, kafka, topics))
     group_log = PostgresGroupLog(projection, dsn, on_append=relay.wake)

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
-from schemas.topics import Topics
+from toolledger.schemas.topics import Topics
 
 DEFAULT_INTENTS_RETENTION_MS = 7 * 86_400_000
 FOREVER_MS = -1

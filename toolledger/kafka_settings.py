@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from processors.tools.retention import (
+from toolledger.config import ConfigError
+from toolledger.processors.tools.retention import (
     KeyRetention,
     RetentionError,
     check_retention,
     describe,
 )
-from schemas.topics import Topics
-from toolledger.config import ConfigError
+from toolledger.schemas.topics import Topics
 
 log = logging.getLogger("toolledger.settings")
 

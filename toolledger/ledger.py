@@ -18,12 +18,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from processors.runtime.group_runner import GroupRunner
-from processors.tools.registry import ToolRegistry
-from producers.approvals import Approvals, Decision, PendingApproval, approvals_for
-from producers.client import DEFAULT_WAIT_S, CallResult, TrustedContext
-from producers.http_client import HttpLedgerClient, RemoteTool
-from schemas.groups import GroupAnswer
+from toolledger.processors.runtime.group_runner import GroupRunner
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.approvals import Approvals, Decision, PendingApproval, approvals_for
+from toolledger.producers.client import DEFAULT_WAIT_S, CallResult, TrustedContext
+from toolledger.producers.http_client import HttpLedgerClient, RemoteTool
+from toolledger.schemas.groups import GroupAnswer
 
 if TYPE_CHECKING:  # `import toolledger` stays light: a backend loads when a ledger is built
     from toolledger.backends import BackendParts

@@ -58,10 +58,10 @@ from toolledger.options import (
 if TYPE_CHECKING:  # imported when used: ``toolledger --help`` need not load the MCP SDK
     from starlette.applications import Starlette
 
-    from producers.client import QueuedProbe, TrustedContext
-    from producers.http.app import FrontDoor
-    from producers.http.auth import Authenticator, TokenStore
-    from producers.mcp_server import LedgerMcpServer
+    from toolledger.producers.client import QueuedProbe, TrustedContext
+    from toolledger.producers.http.app import FrontDoor
+    from toolledger.producers.http.auth import Authenticator, TokenStore
+    from toolledger.producers.mcp_server import LedgerMcpServer
 
 log = logging.getLogger("toolledger.mcp")
 
@@ -94,8 +94,8 @@ def stdio_context(tokens: TokenStore, token: str | None) -> TrustedContext:
 def mcp_server(
     door: FrontDoor, *, fixed_context: TrustedContext | None = None, wait_s: float | None = None
 ) -> LedgerMcpServer:
-    from producers.http.governance import admission
-    from producers.mcp_server import LedgerMcpServer
+    from toolledger.producers.http.governance import admission
+    from toolledger.producers.mcp_server import LedgerMcpServer
 
     return LedgerMcpServer(
         door.client,
@@ -120,7 +120,7 @@ def queued_probes(
     ``idempotency_key_in_progress``) instead of waiting on for the running call's outcome.
     Arguments that differ from the key's first ones are never "in use": the executor refuses
     them at once."""
-    from producers.http.call_answer import queued_probe
+    from toolledger.producers.http.call_answer import queued_probe
 
     def probe(context: TrustedContext, tool: str, arguments: Mapping[str, Any]) -> QueuedProbe:
         info = door.tools.get(tool)
@@ -213,11 +213,11 @@ def register_mcp_command(app: typer.Typer) -> None:
         """Serve the tools over MCP (stdio by default; --transport http for streamable HTTP)."""
         import asyncio
 
-        from processors.runtime.sqlite_ledger import LedgerFileError
-        from producers.http.auth import TokenFileError, TokenStore
         from toolledger import serve as wiring
         from toolledger.config import ConfigError, ToolSource
         from toolledger.heap import releasing_free_memory
+        from toolledger.processors.runtime.sqlite_ledger import LedgerFileError
+        from toolledger.producers.http.auth import TokenFileError, TokenStore
 
         if (kafka is None) != (postgres is None):
             _err.print("[red]distributed mode needs both --kafka and --postgres[/]")

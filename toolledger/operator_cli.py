@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 import typer
 
-from schemas.status import CallStatus
 from toolledger.options import SectionedCommand
+from toolledger.schemas.status import CallStatus
 
 URL_ENV = "TOOLLEDGER_URL"
 TOKEN_ENV = "TOOLLEDGER_TOKEN"

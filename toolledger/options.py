@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from processors.runtime.ledger_file import LedgerFileError, must_create, traces
-from processors.toolsets.helpdesk import holds_effects
-from schemas.keys import KeyScope
 from toolledger.config import ConfigError
+from toolledger.processors.runtime.ledger_file import LedgerFileError, must_create, traces
+from toolledger.processors.toolsets.helpdesk import holds_effects
+from toolledger.schemas.keys import KeyScope
 
 if TYPE_CHECKING:  # the commands start fast: the HTTP stack loads when a command runs
-    from producers.http.auth import TokenStore
+    from toolledger.producers.http.auth import TokenStore
     from toolledger.serve import Security
     from toolledger.settings import LedgerSettings
 
@@ -310,7 +310,7 @@ def security(
     **governance: Any,
 ) -> Security:
     """The front door's :class:`Security` from the options (``governance``: its other fields)."""
-    from producers.http.jwt_auth import ClaimNames
+    from toolledger.producers.http.jwt_auth import ClaimNames
     from toolledger.serve import Security
 
     return Security(

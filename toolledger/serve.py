@@ -11,14 +11,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from processors.tools.registry import ToolRegistry
-from processors.tools.retention import describe, seconds_of
-from producers.client import LedgerClient
-from producers.governance import DEFAULT_TOKEN_TTL
-from producers.http.app import FrontDoor, ToolInfo, create_app
-from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
-from producers.http.door_state import RunBudget
-from producers.http.jwt_auth import (
+from toolledger.audit import audit_retention as keep_audit
+from toolledger.backends import backend_factory
+from toolledger.config import ConfigError
+from toolledger.http_server import ConnectionLimits, serve_app
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.tools.retention import describe, seconds_of
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.governance import DEFAULT_TOKEN_TTL
+from toolledger.producers.http.app import FrontDoor, ToolInfo, create_app
+from toolledger.producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore
+from toolledger.producers.http.door_state import RunBudget
+from toolledger.producers.http.jwt_auth import (
     DEFAULT_ALGORITHMS,
     DEFAULT_LEEWAY_S,
     ClaimNames,
@@ -26,12 +30,8 @@ from producers.http.jwt_auth import (
     JwtConfigError,
     JwtSettings,
 )
-from producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
-from schemas.calls import CallQueries
-from toolledger.audit import audit_retention as keep_audit
-from toolledger.backends import backend_factory
-from toolledger.config import ConfigError
-from toolledger.http_server import ConnectionLimits, serve_app
+from toolledger.producers.http.ratelimit import AuthThrottle, PolicyError, RateLimiter, RatePolicy
+from toolledger.schemas.calls import CallQueries
 from toolledger.settings import LedgerSettings
 
 log = logging.getLogger("toolledger.serve")

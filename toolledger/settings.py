@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from processors.executor import DEFAULT_CONCURRENCY
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, DEFAULT_MAX_ARGUMENT_BYTES
-from processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
-from processors.tools.retention import FOREVER, KeyRetention, parse_retention
-from schemas.keys import KeyScope
-from schemas.topics import Topics
 from toolledger.config import DEFAULT_KAFKA, ConfigError
+from toolledger.processors.executor import DEFAULT_CONCURRENCY
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, DEFAULT_MAX_ARGUMENT_BYTES
+from toolledger.processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
+from toolledger.processors.tools.retention import FOREVER, KeyRetention, parse_retention
+from toolledger.schemas.keys import KeyScope
+from toolledger.schemas.topics import Topics
 
 EMBEDDED = "embedded"
 KAFKA = "kafka"

@@ -3,7 +3,7 @@ randomness; the tests check its imports). ``parse_group`` validates a submission
 ``GroupDefinition``; ``evolve`` folds the orchestrator's events into a ``GroupState``;
 ``decide`` says what to start, compensate or finish next."""
 
-from processors.groups.core import (
+from toolledger.processors.groups.core import (
     Action,
     BlockedCall,
     CallRecord,
@@ -37,7 +37,7 @@ from processors.groups.core import (
     resumable,
     step_status,
 )
-from processors.groups.definition import (
+from toolledger.processors.groups.definition import (
     DEFAULT_MAX_STEPS,
     GroupDefinition,
     InvalidGroup,
@@ -53,7 +53,7 @@ from processors.groups.definition import (
     resolve_arguments,
     step_key,
 )
-from processors.groups.facts import (
+from toolledger.processors.groups.facts import (
     Compensation,
     CompensationArguments,
     StepTool,

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from processors.groups.core import (
+from toolledger.processors.groups.core import (
     CompensationFinished,
     CompensationStarted,
     CompletionPoint,
@@ -27,9 +27,9 @@ from processors.groups.core import (
     StepStarted,
     StepStatus,
 )
-from processors.groups.definition import InvalidGroup, parse_group
-from processors.groups.facts import StepTool
-from schemas.errors import ErrorInfo
+from toolledger.processors.groups.definition import InvalidGroup, parse_group
+from toolledger.processors.groups.facts import StepTool
+from toolledger.schemas.errors import ErrorInfo
 
 
 class GroupDecodeError(ValueError):

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from processors.groups.definition import (
+from toolledger.processors.groups.definition import (
     GroupDefinition,
     OnFailure,
     ReferenceFailure,
@@ -57,10 +57,10 @@ from processors.groups.definition import (
     resolve_arguments,
     step_key,
 )
-from processors.ledger.decide import InvariantViolation
-from schemas.canonical import CanonicalJsonError, canonical_json
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.status import CallStatus
+from toolledger.processors.ledger.decide import InvariantViolation
+from toolledger.schemas.canonical import CanonicalJsonError, canonical_json
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.status import CallStatus
 
 __all__ = [
     "Action",

@@ -37,11 +37,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from processors.groups.facts import StepTool, field_errors
-from schemas.canonical import CanonicalJsonError, args_digest, canonical_json
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.groups import STEP_ID_PATTERN, compensation_key, step_key
-from schemas.nesting import NestingTooDeep, check_depth
+from toolledger.processors.groups.facts import StepTool, field_errors
+from toolledger.schemas.canonical import CanonicalJsonError, args_digest, canonical_json
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.groups import STEP_ID_PATTERN, compensation_key, step_key
+from toolledger.schemas.nesting import NestingTooDeep, check_depth
 
 __all__ = [
     "DEFAULT_MAX_STEPS",

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from schemas.errors import FieldError
-from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
+from toolledger.schemas.errors import FieldError
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
 
 __all__ = [
     "Compensation",

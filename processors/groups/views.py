@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from processors.groups.codec import completion_json
-from processors.groups.core import GroupFinished, GroupState, StepStatus, step_status
-from processors.groups.definition import compensation_key, step_key
-from processors.groups.facts import StepTool
-from schemas.groups import CompensationView, GroupStepView, GroupView
-from schemas.keys import DEFAULT_KEY_SCOPE, CallKey
+from toolledger.processors.groups.codec import completion_json
+from toolledger.processors.groups.core import GroupFinished, GroupState, StepStatus, step_status
+from toolledger.processors.groups.definition import compensation_key, step_key
+from toolledger.processors.groups.facts import StepTool
+from toolledger.schemas.groups import CompensationView, GroupStepView, GroupView
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, CallKey
 
 
 @dataclass(frozen=True, slots=True)

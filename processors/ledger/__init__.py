@@ -1,6 +1,6 @@
 """The pure core of the ledger: no clock, no uuid4, no I/O, no asyncio (a test enforces it)."""
 
-from processors.ledger.commands import (
+from toolledger.processors.ledger.commands import (
     Action,
     ApprovalGate,
     AttemptFinished,
@@ -36,7 +36,7 @@ from processors.ledger.commands import (
     Sweep,
     TimedOut,
 )
-from processors.ledger.decide import (
+from toolledger.processors.ledger.decide import (
     Decision,
     InvariantViolation,
     decide,
@@ -44,8 +44,8 @@ from processors.ledger.decide import (
     failure_fingerprint,
     settled_at,
 )
-from processors.ledger.evolve import evolve, fold, fold_all
-from processors.ledger.state import CallContext, CallState
+from toolledger.processors.ledger.evolve import evolve, fold, fold_all
+from toolledger.processors.ledger.state import CallContext, CallState
 
 __all__ = [
     "Action",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from processors.ledger.governance import ApprovalBook, SwitchEvent
-from processors.ledger.state import CallContext
-from schemas.errors import ErrorInfo
-from schemas.events import ApprovalDenied, ApprovalGranted
+from toolledger.processors.ledger.governance import ApprovalBook, SwitchEvent
+from toolledger.processors.ledger.state import CallContext
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import ApprovalDenied, ApprovalGranted
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from processors.ledger.commands import (
+from toolledger.processors.ledger.commands import (
     Action,
     ApprovalGate,
     AttemptFinished,
@@ -45,11 +45,11 @@ from processors.ledger.commands import (
     Sweep,
     TimedOut,
 )
-from processors.ledger.evolve import NOT_HAPPENED_ERROR
-from processors.ledger.governance import ApprovalBook, ApprovalStatus
-from processors.ledger.state import CallContext, CallState
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.processors.ledger.evolve import NOT_HAPPENED_ERROR
+from toolledger.processors.ledger.governance import ApprovalBook, ApprovalStatus
+from toolledger.processors.ledger.state import CallContext, CallState
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     ApprovalConsumed,
     ApprovalGranted,
     ApprovalRequested,
@@ -70,7 +70,7 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.status import CallStatus
+from toolledger.schemas.status import CallStatus
 
 
 class InvariantViolation(RuntimeError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from processors.ledger.state import CallContext, CallState
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.processors.ledger.state import CallContext, CallState
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     Event,
     FailureDisposition,
     JobInfo,
@@ -21,7 +21,7 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.status import CallStatus
+from toolledger.schemas.status import CallStatus
 
 NOT_HAPPENED_ERROR = ErrorInfo.of(
     ErrorCode.OUTCOME_UNKNOWN,

@@ -14,10 +14,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from processors.ledger.state import CallContext
-from schemas.calls import ANY, switch_scopes
-from schemas.errors import ErrorInfo
-from schemas.events import (
+from toolledger.processors.ledger.state import CallContext
+from toolledger.schemas.calls import ANY, switch_scopes
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
     ApprovalGranted,
@@ -26,7 +26,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.governance import disabled_error
+from toolledger.schemas.governance import disabled_error
 
 
 class ApprovalStatus(StrEnum):

@@ -14,10 +14,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from processors.ledger.decide import settled_at
-from processors.ledger.state import CallState
-from schemas.events import EVENTS_BY_TYPE, Event
-from schemas.keys import call_id_of
+from toolledger.processors.ledger.decide import settled_at
+from toolledger.processors.ledger.state import CallState
+from toolledger.schemas.events import EVENTS_BY_TYPE, Event
+from toolledger.schemas.keys import call_id_of
 
 CALL_COLUMNS = (
     "call_id",

@@ -6,9 +6,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.errors import ErrorInfo
-from schemas.events import Envelope, JobInfo
-from schemas.status import CallStatus
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import Envelope, JobInfo
+from toolledger.schemas.status import CallStatus
 
 
 class CallContext(BaseModel):

@@ -20,14 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from processors.executor import DEFAULT_CONCURRENCY, Executor
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.ledger.rows import event_json
-from processors.ports import Clock, CommitBatch, ToolStages
-from processors.runtime.sqlite_ledger import SqliteLedger
-from schemas.events import Event
-from schemas.keys import partition_for
-from schemas.topics import partition_key
+from toolledger.processors.executor import DEFAULT_CONCURRENCY, Executor
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.ledger.rows import event_json
+from toolledger.processors.ports import Clock, CommitBatch, ToolStages
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.schemas.events import Event
+from toolledger.schemas.keys import partition_for
+from toolledger.schemas.topics import partition_key
 
 log = logging.getLogger("toolledger.embedded")
 

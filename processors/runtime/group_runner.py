@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from processors.groups import (
+from toolledger.processors.groups import (
     Action,
     CompensationFinished,
     GroupEvent,
@@ -61,11 +61,16 @@ from processors.groups import (
     parse_group,
     resumable,
 )
-from processors.groups.codec import GroupDecodeError, appended_at, decode_event, encode_event
-from processors.groups.views import GroupMeta, group_view
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.groups import GroupAnswer, GroupView, group_id_for
-from schemas.status import CallStatus
+from toolledger.processors.groups.codec import (
+    GroupDecodeError,
+    appended_at,
+    decode_event,
+    encode_event,
+)
+from toolledger.processors.groups.views import GroupMeta, group_view
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.groups import GroupAnswer, GroupView, group_id_for
+from toolledger.schemas.status import CallStatus
 
 log = logging.getLogger("toolledger.groups")
 

@@ -39,18 +39,18 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from processors.executor import DEFAULT_CONCURRENCY, Executor, ExecutorStopped
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import Stages
-from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
-from processors.runtime.snapshot import topic_pairs
-from processors.runtime.state_table import StateMeta, state_meta
-from schemas.codec import CodecError
-from schemas.dead_letters import DeadLetterRecord
-from schemas.events import Event, answers_intent
-from schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics
-from schemas.wire import SINGLE_OBJECT, WireFormat
+from toolledger.processors.executor import DEFAULT_CONCURRENCY, Executor, ExecutorStopped
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.ports import CommitBatch, KeyEntry, Snapshot
+from toolledger.processors.runtime.local_store import TOMBSTONE_HORIZON_S, LocalStore, StoreBusy
+from toolledger.processors.runtime.snapshot import topic_pairs
+from toolledger.processors.runtime.state_table import StateMeta, state_meta
+from toolledger.schemas.codec import CodecError
+from toolledger.schemas.dead_letters import DeadLetterRecord
+from toolledger.schemas.events import Event, answers_intent
+from toolledger.schemas.topics import ANSWER_HEADER, INTENT_ID_HEADER, Topics
+from toolledger.schemas.wire import SINGLE_OBJECT, WireFormat
 
 log = logging.getLogger("toolledger.kafka")
 

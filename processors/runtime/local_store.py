@@ -35,9 +35,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 
-from processors.ports import KeyEntry, Snapshot
-from processors.runtime import state_table
-from processors.runtime.state_table import IN_CALL_STATE, StateMeta, transaction
+from toolledger.processors.ports import KeyEntry, Snapshot
+from toolledger.processors.runtime import state_table
+from toolledger.processors.runtime.state_table import IN_CALL_STATE, StateMeta, transaction
 
 log = logging.getLogger("toolledger.kafka")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from processors.ledger.governance import Switch, newer
-from processors.ports import CommitBatch, Snapshot
+from toolledger.processors.ledger.governance import Switch, newer
+from toolledger.processors.ports import CommitBatch, Snapshot
 
 APPROVALS_PREFIX = "approvals:"
 SWITCH_PREFIX = "switch:"

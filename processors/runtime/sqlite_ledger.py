@@ -38,17 +38,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from processors.ledger import CallState, evolve
-from processors.ledger.rows import (
+from toolledger.processors.ledger import CallState, evolve
+from toolledger.processors.ledger.rows import (
     CALL_FIELDS,
     STATE_SELECT,
     call_values,
     event_of_json,
     state_of_values,
 )
-from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime import state_table
-from processors.runtime.ledger_file import (
+from toolledger.processors.ports import CommitBatch, KeyEntry, Snapshot
+from toolledger.processors.runtime import state_table
+from toolledger.processors.runtime.ledger_file import (
     LedgerFileError,
     check_identity,
     check_readable,
@@ -57,10 +57,10 @@ from processors.runtime.ledger_file import (
     record_identity,
     write_failure,
 )
-from processors.runtime.snapshot import restore
-from processors.runtime.state_table import transaction
-from schemas.events import Event, ToolCallKeyExpired, ToolCallRequested, ToolCallStarted
-from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope, call_id_of
+from toolledger.processors.runtime.snapshot import restore
+from toolledger.processors.runtime.state_table import transaction
+from toolledger.schemas.events import Event, ToolCallKeyExpired, ToolCallRequested, ToolCallStarted
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, KeyScope, call_id_of
 
 __all__ = ["FORMAT", "LedgerFileError", "ReadModel", "SqliteLedger", "create", "refold"]
 

@@ -24,18 +24,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from processors.ledger import CallState
-from processors.ledger import settled_at as settled_of
-from processors.ledger.governance import ApprovalBook
-from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.snapshot import (
+from toolledger.processors.ledger import CallState
+from toolledger.processors.ledger import settled_at as settled_of
+from toolledger.processors.ledger.governance import ApprovalBook
+from toolledger.processors.ports import CommitBatch, KeyEntry, Snapshot
+from toolledger.processors.runtime.snapshot import (
     APPROVALS_PREFIX,
     REFUSED_KEY,
     SWITCH_PREFIX,
     restore,
     switch_pairs,
 )
-from schemas.status import CallStatus
+from toolledger.schemas.status import CallStatus
 
 DDL = """
 CREATE TABLE IF NOT EXISTS call_state (

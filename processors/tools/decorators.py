@@ -23,9 +23,9 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
-from processors.groups.facts import Compensation
-from processors.ledger.commands import Found, NotHappened, ReconcileOutcome
-from processors.tools.manifest import (
+from toolledger.processors.groups.facts import Compensation
+from toolledger.processors.ledger.commands import Found, NotHappened, ReconcileOutcome
+from toolledger.processors.tools.manifest import (
     ApprovalRule,
     ApproverKind,
     EffectClass,
@@ -40,7 +40,7 @@ from processors.tools.manifest import (
     ToolDescription,
     ToolRegistrationError,
 )
-from schemas.keys import KeyScope
+from toolledger.schemas.keys import KeyScope
 
 REPLAY_SENTENCES = {
     EffectClass.MUTATION: (

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from processors.groups import ToolFacts
-from processors.tools.manifest import RiskTier
-from processors.tools.registry import ToolRegistry
+from toolledger.processors.groups import ToolFacts
+from toolledger.processors.tools.manifest import RiskTier
+from toolledger.processors.tools.registry import ToolRegistry
 
 
 def step_tools(registry: ToolRegistry) -> dict[str, ToolFacts]:

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from processors.groups.facts import Compensation
-from processors.ledger.commands import Policy, ReconcileOutcome
-from schemas.canonical import CanonicalJsonError, args_digest
-from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
-from schemas.keys import KeyScope
+from toolledger.processors.groups.facts import Compensation
+from toolledger.processors.ledger.commands import Policy, ReconcileOutcome
+from toolledger.schemas.canonical import CanonicalJsonError, args_digest
+from toolledger.schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
+from toolledger.schemas.keys import KeyScope
 
 
 class ToolRegistrationError(ValueError):

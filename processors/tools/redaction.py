@@ -7,7 +7,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.canonical import canonical_bytes, canonical_json
+from toolledger.schemas.canonical import canonical_bytes, canonical_json
 
 
 class Redactor:

@@ -10,9 +10,14 @@ from typing import Any, TypeVar, Unpack
 
 from pydantic import AliasChoices, AliasPath, BaseModel
 
-from processors.ledger.commands import Policy
-from processors.tools.decorators import ReconcileFunction, ToolOptions, build_tool, reconcile_hook
-from processors.tools.manifest import (
+from toolledger.processors.ledger.commands import Policy
+from toolledger.processors.tools.decorators import (
+    ReconcileFunction,
+    ToolOptions,
+    build_tool,
+    reconcile_hook,
+)
+from toolledger.processors.tools.manifest import (
     APPROVER_KINDS,
     CancelHook,
     EffectClass,
@@ -20,8 +25,8 @@ from processors.tools.manifest import (
     RiskTier,
     Tool,
 )
-from processors.tools.manifest import ToolRegistrationError as ToolRegistrationError
-from processors.tools.retention import (
+from toolledger.processors.tools.manifest import ToolRegistrationError as ToolRegistrationError
+from toolledger.processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
     KeyRetention,
     RetentionError,
@@ -29,7 +34,7 @@ from processors.tools.retention import (
     describe,
     seconds_of,
 )
-from schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, KeyScope
 
 TRUSTED_CONTEXT_FIELDS = frozenset(
     {"tenant_id", "tenant", "user_id", "principal", "scopes", "run_id", "step_id"}

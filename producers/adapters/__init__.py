@@ -36,9 +36,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from producers.approvals import PendingApproval
-from producers.client import CallResult
-from schemas.errors import ErrorCode, ErrorInfo
+from toolledger.producers.approvals import PendingApproval
+from toolledger.producers.client import CallResult
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
 
 __all__ = [
     "ToolSpec",

@@ -41,7 +41,7 @@ from typing import Any
 
 from anthropic.types import ToolParam, ToolResultBlockParam, ToolUseBlock
 
-from producers.adapters import (
+from toolledger.producers.adapters import (
     ToolSpec,
     arguments_schema,
     awaiting_approval,
@@ -50,8 +50,14 @@ from producers.adapters import (
     result_text,
     runtime_keyed_description,
 )
-from producers.adapters.groups import TurnCall, TurnGroup, TurnOutcome, group_caller, group_step_id
-from producers.approvals import (
+from toolledger.producers.adapters.groups import (
+    TurnCall,
+    TurnGroup,
+    TurnOutcome,
+    group_caller,
+    group_step_id,
+)
+from toolledger.producers.approvals import (
     Approvals,
     Approve,
     Deny,
@@ -59,10 +65,10 @@ from producers.approvals import (
     decide_as_named,
     pending_approval,
 )
-from producers.client import Caller, CallResult, TrustedContext
-from producers.keys import derive_idempotency_key
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.groups import GroupView
+from toolledger.producers.client import Caller, CallResult, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.groups import GroupView
 
 __all__ = [
     "Approve",

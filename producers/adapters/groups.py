@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from producers.approvals import (
+from toolledger.producers.approvals import (
     Approvals,
     Approve,
     Deny,
@@ -47,13 +47,13 @@ from producers.approvals import (
     decide_as_named,
     pending_approval,
 )
-from producers.client import Caller, CallResult, TrustedContext
-from producers.keys import derive_idempotency_key
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupStepView, GroupView
-from schemas.groups import step_key as group_step_key  # the key the group gives a step
-from schemas.keys import CallKey, KeyScope
-from schemas.status import CallStatus
+from toolledger.producers.client import Caller, CallResult, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.groups import STEP_ID_PATTERN, GroupAnswer, GroupStepView, GroupView
+from toolledger.schemas.groups import step_key as group_step_key  # the key the group gives a step
+from toolledger.schemas.keys import CallKey, KeyScope
+from toolledger.schemas.status import CallStatus
 
 __all__ = [
     "NOT_RUN",

@@ -64,7 +64,7 @@ from typing import Any
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool_context import ToolContext
 
-from producers.adapters import (
+from toolledger.producers.adapters import (
     ToolSpec,
     approval_rule,
     arguments_schema,
@@ -74,7 +74,7 @@ from producers.adapters import (
     result_text,
     runtime_keyed_description,
 )
-from producers.approvals import (
+from toolledger.producers.approvals import (
     Approvals,
     Approve,
     Deny,
@@ -82,10 +82,10 @@ from producers.approvals import (
     decide_as_named,
     pending_approval,
 )
-from producers.client import Caller, CallResult, TrustedContext
-from producers.keys import derive_idempotency_key
-from schemas.errors import ErrorCode
-from schemas.nesting import NestingTooDeep, check_text_depth
+from toolledger.producers.client import Caller, CallResult, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.nesting import NestingTooDeep, check_text_depth
 
 __all__ = ["LedgerRun", "function_tool", "function_tools", "ledger_run_of"]
 

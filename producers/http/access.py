@@ -14,13 +14,13 @@ from fastapi import Depends, Request
 from fastapi.openapi.models import HTTPBearer
 from fastapi.security.base import SecurityBase
 
-from producers.approval_rules import GLOBAL_OPERATOR as GLOBAL_OPERATOR
-from producers.approval_rules import OPERATOR as OPERATOR
-from producers.client import TrustedContext
-from producers.http.auth import AuthFailure, Throttled, throttled_check
-from producers.http.door import Door, FrontDoor, door_of
-from producers.http.errors import ProblemError, refused
-from schemas.errors import ErrorCode
+from toolledger.producers.approval_rules import GLOBAL_OPERATOR as GLOBAL_OPERATOR
+from toolledger.producers.approval_rules import OPERATOR as OPERATOR
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.auth import AuthFailure, Throttled, throttled_check
+from toolledger.producers.http.door import Door, FrontDoor, door_of
+from toolledger.producers.http.errors import ProblemError, refused
+from toolledger.schemas.errors import ErrorCode
 
 log = logging.getLogger("toolledger.http")
 

@@ -11,10 +11,10 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from producers.http.headers import ambiguity
-from producers.http.problems import problem
-from producers.http.responses import error_response, problem_response
-from schemas.errors import ErrorCode, ErrorInfo
+from toolledger.producers.http.headers import ambiguity
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.responses import error_response, problem_response
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
 
 log = logging.getLogger("toolledger.http")
 

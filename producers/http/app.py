@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from producers.http import console, openapi
-from producers.http.answer_errors import AnswerErrors
-from producers.http.console.sessions import SessionSettings
-from producers.http.door import FrontDoor, ToolInfo
-from producers.http.errors import install_problem_handlers
-from producers.http.routes import ROUTERS
-from producers.http.routes.tool_calls import FAST_ROUTE
+from toolledger.producers.http import console, openapi
+from toolledger.producers.http.answer_errors import AnswerErrors
+from toolledger.producers.http.console.sessions import SessionSettings
+from toolledger.producers.http.door import FrontDoor, ToolInfo
+from toolledger.producers.http.errors import install_problem_handlers
+from toolledger.producers.http.routes import ROUTERS
+from toolledger.producers.http.routes.tool_calls import FAST_ROUTE
 
 __all__ = ["FrontDoor", "ToolInfo", "_AnswerErrors", "create_app"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from schemas.calls import CallQueries
+from toolledger.schemas.calls import CallQueries
 
 POLL_INTERVAL_S = 0.01
 

@@ -9,15 +9,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from producers import governance
-from producers.approval_rules import approve_refusal, deny_refusal, is_operator, is_requester
-from producers.client import TrustedContext
-from producers.http.door import FrontDoor
-from producers.http.errors import ProblemError
-from producers.http.governance import command
-from producers.http.problems import problem
-from schemas.calls import ApprovalView
-from schemas.errors import ErrorInfo
+from toolledger.producers import governance
+from toolledger.producers.approval_rules import (
+    approve_refusal,
+    deny_refusal,
+    is_operator,
+    is_requester,
+)
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.errors import ProblemError
+from toolledger.producers.http.governance import command
+from toolledger.producers.http.problems import problem
+from toolledger.schemas.calls import ApprovalView
+from toolledger.schemas.errors import ErrorInfo
 
 
 @dataclass(frozen=True, slots=True)

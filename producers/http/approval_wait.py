@@ -17,10 +17,10 @@ import asyncio
 import time
 from datetime import UTC, datetime
 
-from producers.client import CallResult
-from schemas.calls import CallQueries
-from schemas.events import ApprovalRequested
-from schemas.governance import approval_id_for
+from toolledger.producers.client import CallResult
+from toolledger.schemas.calls import CallQueries
+from toolledger.schemas.events import ApprovalRequested
+from toolledger.schemas.governance import approval_id_for
 
 _FIRST_POLL_S = 0.02
 _MAX_POLL_S = 0.5

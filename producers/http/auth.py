@@ -32,8 +32,8 @@ from typing import Protocol, runtime_checkable
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from producers.client import TrustedContext
-from producers.http.ratelimit import AuthThrottle
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.ratelimit import AuthThrottle
 
 log = logging.getLogger("toolledger.http.auth")
 

@@ -9,16 +9,16 @@ from typing import Annotated
 
 from fastapi import Depends
 
-from producers.client import TrustedContext
-from producers.http import governance
-from producers.http.access import Authenticated
-from producers.http.call_answer import retry_after
-from producers.http.call_input import Body, Key, KnownTool
-from producers.http.door import Door, FrontDoor
-from producers.http.errors import ProblemError
-from producers.http.problems import problem
-from producers.http.ratelimit import Refusal
-from schemas.errors import ErrorCode, ErrorInfo
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http import governance
+from toolledger.producers.http.access import Authenticated
+from toolledger.producers.http.call_answer import retry_after
+from toolledger.producers.http.call_input import Body, Key, KnownTool
+from toolledger.producers.http.door import Door, FrontDoor
+from toolledger.producers.http.errors import ProblemError
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.ratelimit import Refusal
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
 
 log = logging.getLogger("toolledger.http")
 

@@ -8,15 +8,15 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from producers.client import CallResult, TrustedContext
-from producers.http import governance
-from producers.http.call_views import pending_view, projected, transient_view, view_bytes
-from producers.http.door import FrontDoor, ToolInfo
-from producers.http.problems import problem
-from producers.http.responses import JSON, error_response, problem_response
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import ApprovalRequested
-from schemas.status import CallStatus
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.producers.http import governance
+from toolledger.producers.http.call_views import pending_view, projected, transient_view, view_bytes
+from toolledger.producers.http.door import FrontDoor, ToolInfo
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.responses import JSON, error_response, problem_response
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import ApprovalRequested
+from toolledger.schemas.status import CallStatus
 
 # refusals a caller may retry after a while: when (seconds)
 RETRY_AFTER: dict[str, str] = {

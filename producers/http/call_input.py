@@ -10,21 +10,21 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from pydantic import ValidationError
 
-from producers.http.door import Door, ToolInfo
-from producers.http.errors import invalid, refused
-from producers.http.headers import (
+from toolledger.producers.http.door import Door, ToolInfo
+from toolledger.producers.http.errors import invalid, refused
+from toolledger.producers.http.headers import (
     JsonBodyError,
     asked_wait,
     idempotency_key,
     strict_json,
     wait_seconds,
 )
-from producers.http.models import CallBody
-from producers.http.responses import JSON, field_errors, read_capped
-from producers.http.validation import body_fix
-from schemas.errors import ErrorCode
-from schemas.keys import InvalidIdempotencyKey
-from schemas.nesting import NestingTooDeep, check_text_depth
+from toolledger.producers.http.models import CallBody
+from toolledger.producers.http.responses import JSON, field_errors, read_capped
+from toolledger.producers.http.validation import body_fix
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.keys import InvalidIdempotencyKey
+from toolledger.schemas.nesting import NestingTooDeep, check_text_depth
 
 MAX_BODY_BYTES = (1 << 20) + (64 << 10)  # the 1 MiB argument limit plus room for the envelope
 

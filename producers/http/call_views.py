@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from producers.client import CallResult, TrustedContext, result_of
-from producers.http import governance
-from producers.http.door import FrontDoor
-from producers.http.models import HIDDEN
-from schemas.calls import CallView
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import EVENTS_BY_TYPE
-from schemas.status import CallStatus
+from toolledger.producers.client import CallResult, TrustedContext, result_of
+from toolledger.producers.http import governance
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.models import HIDDEN
+from toolledger.schemas.calls import CallView
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import EVENTS_BY_TYPE
+from toolledger.schemas.status import CallStatus
 
 
 def view_bytes(view: CallView) -> bytes:

@@ -11,17 +11,22 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Request
 from prometheus_client import Counter
 
-from producers.client import LedgerClient
-from producers.governance import DEFAULT_TOKEN_TTL
-from producers.http.applied import AppliedWatch
-from producers.http.auth import Authenticator, CombinedAuthenticator, TokenStore, failure_counter
-from producers.http.door_state import RunBudget, SwitchCache
-from producers.http.jwt_auth import JwtAuthenticator
-from producers.http.metrics import Metrics
-from producers.http.ratelimit import DEFAULT_AUTH_FAILURES, AuthThrottle, RateLimiter
-from schemas.calls import CallQueries
-from schemas.groups import GroupService
-from schemas.keys import DEFAULT_KEY_SCOPE
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.governance import DEFAULT_TOKEN_TTL
+from toolledger.producers.http.applied import AppliedWatch
+from toolledger.producers.http.auth import (
+    Authenticator,
+    CombinedAuthenticator,
+    TokenStore,
+    failure_counter,
+)
+from toolledger.producers.http.door_state import RunBudget, SwitchCache
+from toolledger.producers.http.jwt_auth import JwtAuthenticator
+from toolledger.producers.http.metrics import Metrics
+from toolledger.producers.http.ratelimit import DEFAULT_AUTH_FAILURES, AuthThrottle, RateLimiter
+from toolledger.schemas.calls import CallQueries
+from toolledger.schemas.groups import GroupService
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE
 
 
 def _no_digest(_arguments: Any) -> str | None:

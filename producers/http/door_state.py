@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from schemas.calls import SwitchView
+from toolledger.schemas.calls import SwitchView
 
 SWITCH_CACHE_S = 1.0
 

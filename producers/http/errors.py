@@ -10,10 +10,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from producers.http.problems import Problem, problem
-from producers.http.responses import field_errors, problem_response
-from producers.http.validation import request_fix
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.producers.http.problems import Problem, problem
+from toolledger.producers.http.responses import field_errors, problem_response
+from toolledger.producers.http.validation import request_fix
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
 
 
 class ProblemError(Exception):

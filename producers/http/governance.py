@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from producers import governance
-from producers.client import TransportError, TrustedContext
-from producers.http.errors import ProblemError, refused
-from producers.http.problems import problem
-from schemas.calls import ANY, effective_switch
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.producers import governance
+from toolledger.producers.client import TransportError, TrustedContext
+from toolledger.producers.http.errors import ProblemError, refused
+from toolledger.producers.http.problems import problem
+from toolledger.schemas.calls import ANY, effective_switch
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -28,12 +28,12 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.governance import disabled_error
-from schemas.keys import call_id_of
-from schemas.status import CallStatus
+from toolledger.schemas.governance import disabled_error
+from toolledger.schemas.keys import call_id_of
+from toolledger.schemas.status import CallStatus
 
 if TYPE_CHECKING:
-    from producers.http.door import FrontDoor
+    from toolledger.producers.http.door import FrontDoor
 
 log = logging.getLogger("toolledger.http")
 

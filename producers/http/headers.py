@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.keys import InvalidIdempotencyKey, check_idempotency_key
+from toolledger.schemas.keys import InvalidIdempotencyKey, check_idempotency_key
 
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 60.0

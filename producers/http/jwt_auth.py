@@ -55,8 +55,8 @@ from jwt.exceptions import (
     PyJWTError,
 )
 
-from producers.client import TrustedContext
-from producers.http.auth import AuthFailure, bearer_token
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.auth import AuthFailure, bearer_token
 
 log = logging.getLogger("toolledger.http.jwt")
 

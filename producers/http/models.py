@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from schemas.calls import CallView
+from toolledger.schemas.calls import CallView
 
 NO_CONTROL = r"^[^\x00-\x1F\x7F]+$"  # ids are stored as text: no NUL (PostgreSQL) nor controls
 HIDDEN = frozenset({"last_event_id", "last_intent_id", "call_key"})  # CallView's internal fields

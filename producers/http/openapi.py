@@ -13,11 +13,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from producers.http.access import SCHEME
-from producers.http.door import FrontDoor, ToolInfo
-from producers.http.models import Call, CallBody
-from producers.http.problems import Problem
-from producers.http.responses import JSON, PROBLEM
+from toolledger.producers.http.access import SCHEME
+from toolledger.producers.http.door import FrontDoor, ToolInfo
+from toolledger.producers.http.models import Call, CallBody
+from toolledger.producers.http.problems import Problem
+from toolledger.producers.http.responses import JSON, PROBLEM
 
 CALLS_PATH = "/v1/tools/{tool}/calls"
 _REF = "#/components/schemas/"

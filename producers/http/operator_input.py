@@ -12,14 +12,20 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
-from producers.http.access import GLOBAL_OPERATOR, OPERATOR, Authenticated, Operator, tenant_of
-from producers.http.door import Door
-from producers.http.errors import ProblemError, invalid, not_found, refused
-from producers.http.problems import problem
-from producers.http.responses import field_errors, read_capped
-from producers.http.validation import body_fix
-from schemas.calls import ApprovalView
-from schemas.errors import ErrorCode, ErrorInfo
+from toolledger.producers.http.access import (
+    GLOBAL_OPERATOR,
+    OPERATOR,
+    Authenticated,
+    Operator,
+    tenant_of,
+)
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import ProblemError, invalid, not_found, refused
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.responses import field_errors, read_capped
+from toolledger.producers.http.validation import body_fix
+from toolledger.schemas.calls import ApprovalView
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
 
 MAX_OPERATOR_BODY = 16 << 10
 APPROVAL_ID = re.compile(r"apr_[0-9a-f]{24}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
 
 STATUS: dict[str, int] = {
     ErrorCode.VALIDATION_FAILED: 400,

@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from producers.http.problems import Problem, problem, problem_bytes
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.producers.http.problems import Problem, problem, problem_bytes
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
 
 PROBLEM = "application/problem+json"
 JSON = "application/json"

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from producers import governance
-from producers.client import TrustedContext
-from producers.http.access import GLOBAL_OPERATOR
-from producers.http.door import FrontDoor
-from producers.http.errors import refused
-from producers.http.governance import PROJECTION_WAIT_S, command
-from schemas.calls import SwitchView
-from schemas.errors import ErrorCode
+from toolledger.producers import governance
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.access import GLOBAL_OPERATOR
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.errors import refused
+from toolledger.producers.http.governance import PROJECTION_WAIT_S, command
+from toolledger.schemas.calls import SwitchView
+from toolledger.schemas.errors import ErrorCode
 
 Scope = Literal["tenant", "global"]
 

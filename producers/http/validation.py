@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.errors import FieldError
+from toolledger.schemas.errors import FieldError
 
 # where FastAPI found the error (the first part of its location) -> what the caller calls it
 _PLACES = {

@@ -24,15 +24,15 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.adapters import ToolSpec
-from producers.adapters.anthropic import Approve, Deny, execute_tool_uses, step_id
-from producers.adapters.openai_agents import LedgerRun, function_tools
-from producers.approvals import Approvals, LedgerApprovals
-from producers.client import Caller, TrustedContext
-from producers.keys import derive_idempotency_key
 from tests.over_http import over_http
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.adapters import ToolSpec
+from toolledger.producers.adapters.anthropic import Approve, Deny, execute_tool_uses, step_id
+from toolledger.producers.adapters.openai_agents import LedgerRun, function_tools
+from toolledger.producers.approvals import Approvals, LedgerApprovals
+from toolledger.producers.client import Caller, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
 from toolledger.serve import tool_infos
 from toolledger.settings import LedgerSettings
 

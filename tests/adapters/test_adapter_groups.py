@@ -16,11 +16,14 @@ from typing import Any, cast
 import pytest
 from anthropic.types import TextBlock, ToolResultBlockParam, ToolUseBlock
 
-from processors.groups import step_key
-from processors.groups.definition import STEP_ID_PATTERN
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.adapters import ToolSpec
-from producers.adapters.anthropic import (
+from tests.over_http import over_http
+from toolledger import Ledger, TrustedContext
+from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.groups import step_key
+from toolledger.processors.groups.definition import STEP_ID_PATTERN
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.adapters import ToolSpec
+from toolledger.producers.adapters.anthropic import (
     Approve,
     Deny,
     ToolResults,
@@ -28,7 +31,7 @@ from producers.adapters.anthropic import (
     execute_tool_uses,
     step_id,
 )
-from producers.adapters.groups import (
+from toolledger.producers.adapters.groups import (
     NOT_RUN,
     GroupCaller,
     group_caller,
@@ -36,16 +39,13 @@ from producers.adapters.groups import (
     group_step_key,
     turn_group_key,
 )
-from producers.approvals import Approvals
-from producers.http_client import HttpLedgerClient
-from producers.keys import derive_idempotency_key
-from projections.dialect import SQLITE
-from projections.groups import search_groups, views
-from schemas.groups import GroupView
-from schemas.keys import CallKey
-from tests.over_http import over_http
-from toolledger import Ledger, TrustedContext
-from toolledger.embedded import EmbeddedLedger
+from toolledger.producers.approvals import Approvals
+from toolledger.producers.http_client import HttpLedgerClient
+from toolledger.producers.keys import derive_idempotency_key
+from toolledger.projections.dialect import SQLITE
+from toolledger.projections.groups import search_groups, views
+from toolledger.schemas.groups import GroupView
+from toolledger.schemas.keys import CallKey
 from toolledger.settings import LedgerSettings
 
 ACME = TrustedContext("acme", "agent-a")

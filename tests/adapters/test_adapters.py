@@ -18,19 +18,19 @@ from agents.tool import invoke_function_tool
 from agents.tool_context import ToolContext
 from anthropic.types import TextBlock, ToolResultBlockParam, ToolUseBlock
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.adapters import ToolSpec
-from producers.adapters.anthropic import (
+from tests.over_http import over_http
+from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.adapters import ToolSpec
+from toolledger.producers.adapters.anthropic import (
     execute_tool_use,
     execute_tool_uses,
     step_id,
     tool_definitions,
 )
-from producers.adapters.openai_agents import LedgerRun, function_tools
-from producers.client import Caller, TrustedContext
-from producers.keys import derive_idempotency_key
-from tests.over_http import over_http
-from toolledger.embedded import EmbeddedLedger
+from toolledger.producers.adapters.openai_agents import LedgerRun, function_tools
+from toolledger.producers.client import Caller, TrustedContext
+from toolledger.producers.keys import derive_idempotency_key
 from toolledger.serve import tool_infos
 from toolledger.settings import LedgerSettings
 

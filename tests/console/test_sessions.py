@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from producers.client import TrustedContext
-from producers.http.console.sessions import SessionSettings, SessionStore
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.console.sessions import SessionSettings, SessionStore
 
 ALICE = TrustedContext("acme", "alice")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from producers.client import LedgerClient
 from tests.contract.harness import Harness
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.producers.client import LedgerClient
 from toolledger.settings import LedgerSettings
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from processors.tools.manifest import RetryPolicy, Tool, ToolDescription
-from processors.tools.registry import ToolRegistry
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.client import LedgerClient, TrustedContext
+from toolledger.processors.tools.manifest import RetryPolicy, Tool, ToolDescription
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.client import LedgerClient, TrustedContext
 
 ACME = TrustedContext("acme", "alice@acme")
 GLOBEX = TrustedContext("globex", "bob@globex")

@@ -4,9 +4,9 @@ ledger. Each caller calls with its own bearer token; the server takes the tenant
 
 from __future__ import annotations
 
-from producers.client import LedgerClient
 from tests.contract.embedded import EmbeddedHarness
 from tests.over_http import OverHttp, over_http
+from toolledger.producers.client import LedgerClient
 
 
 class HttpHarness(EmbeddedHarness):

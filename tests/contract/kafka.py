@@ -14,19 +14,19 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from processors.key_cache import DEFAULT_CACHE_ENTRIES
-from processors.pipeline import Stages
-from processors.runtime.kafka import KafkaExecutor
-from processors.tools.redaction import Redactor
-from producers.client import LedgerClient
-from producers.kafka import KafkaTransport
-from projections.postgres import PostgresProjection
-from projections.projector import KafkaProjector, rebuild
-from schemas.topics import Topics
 from tests import postgres_reads
 from tests.contract.harness import Harness, eventually
 from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
+from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.runtime.kafka import KafkaExecutor
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.kafka import KafkaTransport
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.projector import KafkaProjector, rebuild
+from toolledger.schemas.topics import Topics
 
 SECRET = b"contract-suite-redaction-key-0123456789"
 

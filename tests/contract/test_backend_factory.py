@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from processors.tools.registry import ToolRegistry
 from tests.contract.embedded import EmbeddedHarness
 from tests.contract.harness import ACME, Harness, eventually
 from tests.contract.kafka import KafkaHarness
@@ -25,6 +24,7 @@ from tests.services import Services
 from toolledger.backends import BackendParts, backend_factory
 from toolledger.backends.embedded import Factory as EmbeddedFactory
 from toolledger.config import ConfigError
+from toolledger.processors.tools.registry import ToolRegistry
 from toolledger.settings import LedgerSettings
 
 CHAIN = {

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from producers.client import CallResult
 from tests.contract.conftest import open_harness
 from tests.contract.harness import ACME, GLOBEX, Harness
+from toolledger.producers.client import CallResult
 
 Answer = tuple[str, str | None, bool, str | None, int, bool]
 

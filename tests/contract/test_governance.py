@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import ToolContext
-from producers import governance
-from producers.client import CallResult, TrustedContext
-from schemas.events import (
+from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
+from tests.contract.harness import ACME, GLOBEX, Harness, eventually, register_tool
+from toolledger.processors.tools.manifest import ToolContext
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.schemas.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -23,8 +25,6 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
-from tests.contract.harness import ACME, GLOBEX, Harness, eventually, register_tool
 
 
 @pytest.fixture(params=IN_PROCESS_BACKENDS)

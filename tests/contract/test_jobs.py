@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from processors.tools.manifest import (
+from tests.contract.harness import ACME, Harness, eventually
+from toolledger.processors.tools.manifest import (
     EffectClass,
     JobRef,
     JobRunning,
@@ -20,11 +21,10 @@ from processors.tools.manifest import (
     ToolContext,
     ToolDescription,
 )
-from producers.client import CallResult, job_record
-from schemas.events import ToolCallRejected, ToolCallSucceeded
-from schemas.keys import DEFAULT_KEY_SCOPE, CallKey
-from schemas.status import CallStatus
-from tests.contract.harness import ACME, Harness, eventually
+from toolledger.producers.client import CallResult, job_record
+from toolledger.schemas.events import ToolCallRejected, ToolCallSucceeded
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE, CallKey
+from toolledger.schemas.status import CallStatus
 
 
 class Export(BaseModel):

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import ToolContext
-from producers import governance
-from producers.client import CallResult, TrustedContext
-from schemas.events import ApprovalGranted, ApprovalRequested
-from schemas.keys import CallKey
 from tests.contract.conftest import IN_PROCESS_BACKENDS, open_harness
 from tests.contract.harness import ACME, Harness, register_tool
+from toolledger.processors.tools.manifest import ToolContext
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.schemas.events import ApprovalGranted, ApprovalRequested
+from toolledger.schemas.keys import CallKey
 
 BOB = TrustedContext("acme", "bob@acme")  # another user of alice's tenant (ACME is alice)
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from producers.client import TrustedContext
-from schemas.status import CallStatus
 from tests.contract.harness import ACME, GLOBEX, Harness, eventually
+from toolledger.producers.client import TrustedContext
+from toolledger.schemas.status import CallStatus
 
 
 async def test_first_call_executes_once_and_is_recorded(ledger: Harness) -> None:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from processors.ledger.commands import Found, Inconclusive, ReconcileOutcome
-from processors.tools.manifest import ToolContext
-from processors.tools.retention import FOREVER
-from schemas.keys import CallKey
-from schemas.status import CallStatus
 from tests.contract.conftest import open_harness
 from tests.contract.harness import ACME, Harness, eventually, register_tool
+from toolledger.processors.ledger.commands import Found, Inconclusive, ReconcileOutcome
+from toolledger.processors.tools.manifest import ToolContext
+from toolledger.processors.tools.retention import FOREVER
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.status import CallStatus
 
 RETENTION = timedelta(seconds=1)
 

@@ -24,16 +24,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from processors.ledger import Found, NotHappened, ReconcileOutcome
-from processors.tools.manifest import (
+from toolledger import Ledger, TrustedContext
+from toolledger.processors.ledger import Found, NotHappened, ReconcileOutcome
+from toolledger.processors.tools.manifest import (
     RetryPolicy,
     Tool,
     ToolContext,
     ToolDescription,
     ToolError,
 )
-from processors.tools.registry import ToolRegistry
-from toolledger import Ledger, TrustedContext
+from toolledger.processors.tools.registry import ToolRegistry
 
 KEYS = ("a", "b", "c", "d", "e")
 BEHAVIOURS = ("ok", "ok", "ok", "transient", "final", "hang")

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from producers.client import LedgerClient
-from producers.kafka import KafkaTransport
 from tests.faults.kafka_cluster import KafkaCluster
 from tests.faults.procs import Cluster
 from tests.services import Services
 from toolledger.kafka_admin import ensure_topics
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.kafka import KafkaTransport
 
 
 @pytest.fixture

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers.client import CallResult, LedgerClient, TrustedContext
-from schemas.codec import decode
-from schemas.events import Event
-from schemas.status import CallStatus
-from schemas.topics import Topics
 from tests.services import Services
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers.client import CallResult, LedgerClient, TrustedContext
+from toolledger.schemas.codec import decode
+from toolledger.schemas.events import Event
+from toolledger.schemas.status import CallStatus
+from toolledger.schemas.topics import Topics
 
 SESSION_TIMEOUT_MS = 6000  # the broker's minimum: takeovers in these tests take about this long
 ROOT = Path(__file__).resolve().parents[2]

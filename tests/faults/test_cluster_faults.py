@@ -32,18 +32,18 @@ import httpx
 import psycopg
 import pytest
 
-from processors.toolsets.helpdesk.store import HelpdeskStore
-from schemas.events import (
+from tests.faults.kafka_cluster import NODES, REPLICAS, KafkaCluster
+from tests.faults.procs import ROOT, read_outcomes
+from tests.http.servers import ACME, PARTITIONS, Server, start_distributed
+from tests.services import Services
+from toolledger.processors.toolsets.helpdesk.store import HelpdeskStore
+from toolledger.schemas.events import (
     Event,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallSucceeded,
 )
-from schemas.topics import Topics
-from tests.faults.kafka_cluster import NODES, REPLICAS, KafkaCluster
-from tests.faults.procs import ROOT, read_outcomes
-from tests.http.servers import ACME, PARTITIONS, Server, start_distributed
-from tests.services import Services
+from toolledger.schemas.topics import Topics
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 

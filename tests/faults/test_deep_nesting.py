@@ -16,10 +16,10 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from schemas.nesting import MAX_DEPTH
 from tests.http.conftest import BACKENDS, serving
 from tests.http.servers import ACME, Server
 from tests.mcp.common import body, http_client
+from toolledger.schemas.nesting import MAX_DEPTH
 
 LIMIT = "the limit is 64 levels"
 DEEP = [MAX_DEPTH + 1, 1000, 100_000]

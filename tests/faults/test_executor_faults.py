@@ -14,11 +14,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from producers import governance
-from producers.client import CallResult, LedgerClient
-from schemas.events import ApprovalGranted, ApprovalRequested, ToolCallStarted, ToolCallSucceeded
-from schemas.status import CallStatus
 from tests.faults.procs import AGENT, ROOT, Cluster, read_outcomes, settle
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, LedgerClient
+from toolledger.schemas.events import (
+    ApprovalGranted,
+    ApprovalRequested,
+    ToolCallStarted,
+    ToolCallSucceeded,
+)
+from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from processors.groups import compensation_key, step_key
 from tests.faults.serve import EmbeddedServe
+from toolledger.processors.groups import compensation_key, step_key
 
 SLOW = {"payload": "p", "fault": "slow", "delay_ms": 300}
 FINISHED = {"SUCCEEDED", "FAILED", "COMPENSATED", "NEEDS_ATTENTION"}

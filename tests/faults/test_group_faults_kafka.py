@@ -29,18 +29,18 @@ from typing import Any
 import httpx
 import pytest
 
-from processors.groups import compensation_key, step_key
-from schemas.events import (
+from tests.faults.procs import CliProcess, Cluster, read_outcomes
+from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
+from tests.services import Services
+from toolledger.processors.groups import compensation_key, step_key
+from toolledger.schemas.events import (
     Event,
     ToolCallOutcomeUnknown,
     ToolCallReconciled,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, KeyScope
-from schemas.topics import Topics
-from tests.faults.procs import CliProcess, Cluster, read_outcomes
-from tests.http.servers import ACME, JOB_REPORTER, Process, free_port, spawn, write_tokens
-from tests.services import Services
+from toolledger.schemas.keys import CallKey, KeyScope
+from toolledger.schemas.topics import Topics
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(280)]
 

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.groups import compensation_key, step_key
 from tests.http.conftest import BACKENDS, serving
 from tests.http.servers import ACME, Server
+from toolledger.schemas.groups import compensation_key, step_key
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.groups import step_key
 from tests.http.conftest import BACKENDS, serving
 from tests.http.servers import ACME, JOB_REPORTER, Server
+from toolledger.schemas.groups import step_key
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from schemas.topics import Topics
 from tests.faults.procs import ROOT, CliProcess, Cluster
 from tests.http.servers import free_port
 from tests.services import Services
+from toolledger.schemas.topics import Topics
 
 pytestmark = pytest.mark.services
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.client import TrustedContext
 from tests.faults.serve import EmbeddedServe
 from tests.http.servers import ROOT, free_port, write_tokens
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.client import TrustedContext
 from toolledger.settings import LedgerSettings
 
 AGENT = TrustedContext("acme", "alice")

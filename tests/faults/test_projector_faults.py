@@ -9,11 +9,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from producers.client import LedgerClient
-from projections.postgres import PostgresProjection
-from projections.projector import rebuild
 from tests import postgres_reads
 from tests.faults.procs import AGENT, Cluster, read_outcomes
+from toolledger.producers.client import LedgerClient
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.projector import rebuild
 
 pytestmark = pytest.mark.services
 

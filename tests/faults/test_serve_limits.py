@@ -228,7 +228,7 @@ async def test_a_client_gone_mid_body_is_logged_once_at_info(tmp_path: Path) -> 
             b"POST /v1/tools/create_ticket/calls HTTP/1.1\r\nHost: x\r\n"
             + f"Authorization: Bearer {ACME.token}\r\n".encode()
             + b"Idempotency-Key: gone-1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 400\r\n\r\n{\"arguments\": {\"ti"
+            b'Content-Length: 400\r\n\r\n{"arguments": {"ti'
         )
         await writer.drain()
         await asyncio.sleep(0.3)

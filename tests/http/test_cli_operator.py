@@ -14,10 +14,10 @@ from typing import Any, get_args
 import httpx
 from typer.testing import CliRunner, Result
 
-from schemas.calls import ApprovalStatusName
 from tests.http.servers import ACME, OPERATOR, ROOT, SELF_OP, Server, Token, free_port
 from toolledger.cli import app
 from toolledger.operator_cli import TOKEN_ENV, URL_ENV, ApprovalStatus
+from toolledger.schemas.calls import ApprovalStatusName
 
 CHARGE = {"customer_id": "cus_cli_1", "amount_cents": 1234, "currency": "EUR"}
 TICKET = {"title": "Printer on fire", "body": "Smoke from tray 2."}

@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 
-from schemas.keys import CallKey
 from tests.http.helpers import assert_call, assert_problem, post_call
 from tests.http.servers import ACME, NO_SCOPE, OPERATOR, Server, Token
+from toolledger.schemas.keys import CallKey
 
 
 async def door_refusals(

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 
-from schemas.keys import CallKey
 from tests.http.helpers import (
     approval_token,
     assert_call,
@@ -20,6 +19,7 @@ from tests.http.helpers import (
 )
 from tests.http.servers import ACME, GLOBEX, NO_SCOPE, OPERATOR, PLATFORM_OP, SELF_OP, Server, Token
 from tests.http.test_door_refusals import door_refusals
+from toolledger.schemas.keys import CallKey
 
 CHARGE = {"customer_id": "cus_private_77", "amount_cents": 4200, "currency": "USD"}
 

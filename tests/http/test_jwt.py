@@ -36,9 +36,16 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from prometheus_client.parser import text_string_to_metric_families
 
-from producers.client import TrustedContext
-from producers.http.auth import AuthFailure, CombinedAuthenticator, TokenEntry, TokenStore
-from producers.http.jwt_auth import (
+from tests.http.helpers import assert_call, assert_problem, post_call
+from tests.http.servers import ACME, ROOT, Process, Server, free_port, write_tokens
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.auth import (
+    AuthFailure,
+    CombinedAuthenticator,
+    TokenEntry,
+    TokenStore,
+)
+from toolledger.producers.http.jwt_auth import (
     ClaimNames,
     JwksFile,
     JwtAuthenticator,
@@ -46,8 +53,6 @@ from producers.http.jwt_auth import (
     JwtSettings,
     parse_jwks,
 )
-from tests.http.helpers import assert_call, assert_problem, post_call
-from tests.http.servers import ACME, ROOT, Process, Server, free_port, write_tokens
 
 ISSUER = "https://issuer.test/"
 AUDIENCE = "toolledger-test"
@@ -57,7 +62,7 @@ AUDIENCE = "toolledger-test"
 _ENTRY = """
 import asyncio, json, sys
 from pathlib import Path
-from producers.http.auth import TokenStore
+from toolledger.producers.http.auth import TokenStore
 from toolledger import logs, serve
 from toolledger.config import ToolSource
 from toolledger.settings import LedgerSettings

@@ -15,12 +15,16 @@ import httpx
 from openapi_spec_validator import validate
 from pydantic import BaseModel
 
-from processors.toolsets.helpdesk.store import HelpdeskStore
-from processors.toolsets.helpdesk.tools import CreateTicketArgs, TicketRef, helpdesk_registry
-from producers.client import TrustedContext
-from producers.http.app import FrontDoor, ToolInfo, create_app
-from producers.http.auth import AuthFailure, CombinedAuthenticator, TokenStore
 from tests.http.helpers import JSON
+from toolledger.processors.toolsets.helpdesk.store import HelpdeskStore
+from toolledger.processors.toolsets.helpdesk.tools import (
+    CreateTicketArgs,
+    TicketRef,
+    helpdesk_registry,
+)
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.app import FrontDoor, ToolInfo, create_app
+from toolledger.producers.http.auth import AuthFailure, CombinedAuthenticator, TokenStore
 from toolledger.serve import tool_infos
 
 # the operation ids clients are generated with: changing one breaks their code

@@ -20,13 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from producers.http.ratelimit import (
-    PRUNE_EVERY,
-    PolicyError,
-    RateLimiter,
-    RatePolicy,
-    Refusal,
-)
 from tests.http.helpers import assert_call, assert_problem, post_call
 from tests.http.servers import Server
 from tests.http.test_jwt import (
@@ -43,6 +36,13 @@ from tests.http.test_jwt import (
     start_guarded,
 )
 from toolledger.config import ToolSource
+from toolledger.producers.http.ratelimit import (
+    PRUNE_EVERY,
+    PolicyError,
+    RateLimiter,
+    RatePolicy,
+    Refusal,
+)
 from toolledger.serve import rate_limiter
 
 TOOL_RATE = 0.5  # create_ticket: 2 calls, then one every 2 s, per tenant

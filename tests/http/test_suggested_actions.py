@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import httpx
 
-from producers.http.validation import body_fix, request_fix
-from schemas.errors import FieldError
 from tests.http.helpers import JSON, assert_problem, post_call, post_raw
 from tests.http.servers import OPERATOR
+from toolledger.producers.http.validation import body_fix, request_fix
+from toolledger.schemas.errors import FieldError
 
 ARGUMENTS_ACTION = "Fix the arguments listed in the field errors and call again with the same key."
 

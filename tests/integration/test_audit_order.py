@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall
-from processors.tools.group_tools import step_tools
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from projections.postgres_groups import PostgresGroupLog
-from schemas.status import CallStatus
 from tests.contract.conftest import open_harness
 from tests.contract.kafka import KafkaHarness
 from tests.dumps import differences, dump_postgres
 from tests.unit.test_group_replay import submit_both
 from tests.workload import mixed_workload
 from toolledger.distributed import replay_distributed
+from toolledger.processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall
+from toolledger.processors.tools.group_tools import step_tools
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.projections.postgres_groups import PostgresGroupLog
+from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
 

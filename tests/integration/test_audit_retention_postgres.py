@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from projections.audit_retention import prune_postgres
-from schemas.topics import Topics
 from tests.services import Services
 from toolledger.distributed import run_projector
+from toolledger.projections.audit_retention import prune_postgres
+from toolledger.schemas.topics import Topics
 
 pytestmark = pytest.mark.services
 

@@ -17,20 +17,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from psycopg.conninfo import make_conninfo
 
 from bench.faust_projector import FaustProjector
-from projections.postgres import PostgresProjection, migrate
-from projections.projector import KafkaProjector
-from schemas.canonical import args_digest, canonical_json
-from schemas.errors import ErrorInfo
-from schemas.events import (
-    Envelope,
-    Event,
-    FailureDisposition,
-    ToolCallFailed,
-    ToolCallStarted,
-    ToolCallSucceeded,
-)
-from schemas.keys import CallKey
-from schemas.topics import Topics
 from tests import postgres_reads
 from tests.integration.test_postgres_projection import (
     calls_of,
@@ -40,6 +26,20 @@ from tests.integration.test_postgres_projection import (
     step,
 )
 from toolledger.kafka_admin import ensure_topics
+from toolledger.projections.postgres import PostgresProjection, migrate
+from toolledger.projections.projector import KafkaProjector
+from toolledger.schemas.canonical import args_digest, canonical_json
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import (
+    Envelope,
+    Event,
+    FailureDisposition,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCallSucceeded,
+)
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.topics import Topics
 
 pytestmark = pytest.mark.services
 

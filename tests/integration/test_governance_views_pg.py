@@ -15,13 +15,6 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from projections.dialect import POSTGRES, sqlite_time
-from projections.postgres import PostgresCalls, PostgresProjection, load_migrations
-from projections.rows import Position
-from projections.search import recent_sql
-from projections.sqlite import GOVERNANCE_VIEWS, SqliteCalls
-from schemas.calls import STAT_COUNTS, STAT_RATES, CallView, encode_recent_cursor
-from schemas.status import CallStatus
 from tests.services import Services
 from tests.unit.test_governance_views import (
     SCENARIOS,
@@ -36,6 +29,13 @@ from tests.unit.test_governance_views import (
     sqlite_with,
     view_rows,
 )
+from toolledger.projections.dialect import POSTGRES, sqlite_time
+from toolledger.projections.postgres import PostgresCalls, PostgresProjection, load_migrations
+from toolledger.projections.rows import Position
+from toolledger.projections.search import recent_sql
+from toolledger.projections.sqlite import GOVERNANCE_VIEWS, SqliteCalls
+from toolledger.schemas.calls import STAT_COUNTS, STAT_RATES, CallView, encode_recent_cursor
+from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
 

@@ -18,15 +18,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from processors.groups.facts import StepTool
-from processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall, StepCaller
-from processors.tools.group_tools import step_tools
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from projections.postgres import PostgresProjection
-from projections.postgres_groups import PostgresGroupLog
-from schemas.groups import GroupAnswer
-from schemas.status import CallStatus
 from tests.services import Services
+from toolledger.processors.groups.facts import StepTool
+from toolledger.processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall, StepCaller
+from toolledger.processors.tools.group_tools import step_tools
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.postgres_groups import PostgresGroupLog
+from toolledger.schemas.groups import GroupAnswer
+from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
 

@@ -23,18 +23,18 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from processors.runtime.group_runner import GroupRunner
-from processors.tools.group_tools import step_tools
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from projections.group_relay import SEQ_HEADER, TENANT_HEADER, GroupEventRelay
-from projections.postgres import PostgresProjection
-from projections.postgres_groups import PostgresGroupLog
-from schemas.keys import partition_for
-from schemas.topics import Topics
 from tests.integration.test_group_replay_postgres import scripted
 from tests.services import Services
 from tests.unit.test_group_replay import submit_both
 from toolledger.kafka_admin import ensure_topics
+from toolledger.processors.runtime.group_runner import GroupRunner
+from toolledger.processors.tools.group_tools import step_tools
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.projections.group_relay import SEQ_HEADER, TENANT_HEADER, GroupEventRelay
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.postgres_groups import PostgresGroupLog
+from toolledger.schemas.keys import partition_for
+from toolledger.schemas.topics import Topics
 
 pytestmark = pytest.mark.services
 

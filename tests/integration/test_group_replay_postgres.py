@@ -14,16 +14,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall
-from processors.tools.group_tools import step_tools
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from projections.dialect import POSTGRES
-from projections.groups import rebuild_read_model
-from projections.postgres import PostgresProjection
-from projections.postgres_groups import PostgresGroupLog
-from schemas.status import CallStatus
 from tests.services import Services
 from tests.unit.test_group_replay import READ_MODEL, submit_both
+from toolledger.processors.runtime.group_runner import GroupRunner, StepAnswer, StepCall
+from toolledger.processors.tools.group_tools import step_tools
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.projections.dialect import POSTGRES
+from toolledger.projections.groups import rebuild_read_model
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.postgres_groups import PostgresGroupLog
+from toolledger.schemas.status import CallStatus
 
 pytestmark = pytest.mark.services
 

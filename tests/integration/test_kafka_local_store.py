@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime import kafka as kafka_runtime
-from processors.runtime.kafka import restore_local
-from processors.runtime.local_store import LocalStore
 from tests.contract.harness import ACME, eventually
 from tests.contract.kafka import KafkaHarness
 from tests.services import Services
+from toolledger.processors.runtime import kafka as kafka_runtime
+from toolledger.processors.runtime.kafka import restore_local
+from toolledger.processors.runtime.local_store import LocalStore
 
 pytestmark = pytest.mark.services
 

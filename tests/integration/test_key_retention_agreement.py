@@ -17,14 +17,14 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from processors.tools.retention import FOREVER, KeyRetention
-from schemas.topics import Topics
 from tests.http.servers import ACME, REDACTION_SECRET, start_distributed, write_tokens
 from tests.services import Services
 from toolledger.cli import app
 from toolledger.config import ConfigError
 from toolledger.kafka_admin import ensure_topics
 from toolledger.kafka_settings import agreed_key_retention, recorded_key_retention
+from toolledger.processors.tools.retention import FOREVER, KeyRetention
+from toolledger.schemas.topics import Topics
 
 pytestmark = pytest.mark.services
 

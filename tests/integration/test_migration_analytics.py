@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from projections.postgres import load_migrations, migrate
 from tests.services import Services
+from toolledger.projections.postgres import load_migrations, migrate
 
 pytestmark = pytest.mark.services
 

@@ -24,10 +24,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from processors.ledger import CallState, fold_all
-from processors.ledger.rows import CALL_COLUMNS, call_row, state_of_row
-from projections import search
-from projections.postgres import (
+from tests import postgres_reads
+from tests.unit.test_governance_views import sqlite_load, sqlite_with
+from toolledger.processors.ledger import CallState, fold_all
+from toolledger.processors.ledger.rows import CALL_COLUMNS, call_row, state_of_row
+from toolledger.projections import search
+from toolledger.projections.postgres import (
     PostgresCalls,
     PostgresProjection,
     ProjectionError,
@@ -35,20 +37,20 @@ from projections.postgres import (
     load_migrations,
     migrate,
 )
-from projections.projector import KafkaProjector, rebuild
-from projections.rows import (
+from toolledger.projections.projector import KafkaProjector, rebuild
+from toolledger.projections.rows import (
     ANALYTICS_COLUMNS,
     EVENT_COLUMNS,
     Position,
     audit_payload,
     latest_durations,
 )
-from projections.sqlite import SqliteCalls
-from schemas.canonical import args_digest, canonical_json
-from schemas.codec import encode
-from schemas.dead_letters import DeadLetterRecord
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.events import (
+from toolledger.projections.sqlite import SqliteCalls
+from toolledger.schemas.canonical import args_digest, canonical_json
+from toolledger.schemas.codec import encode
+from toolledger.schemas.dead_letters import DeadLetterRecord
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
@@ -61,11 +63,9 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.keys import CallKey, partition_for
-from schemas.status import CallStatus
-from schemas.topics import INTENT_ID_HEADER, Topics
-from tests import postgres_reads
-from tests.unit.test_governance_views import sqlite_load, sqlite_with
+from toolledger.schemas.keys import CallKey, partition_for
+from toolledger.schemas.status import CallStatus
+from toolledger.schemas.topics import INTENT_ID_HEADER, Topics
 
 pytestmark = pytest.mark.services
 

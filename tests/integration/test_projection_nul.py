@@ -9,8 +9,6 @@ import json
 
 import pytest
 
-from projections.postgres import PostgresProjection
-from projections.rows import Position
 from tests import postgres_reads
 from tests.integration.test_postgres_projection import (  # noqa: F401 (fixtures dsn, projection)
     CONSUMER,
@@ -20,6 +18,8 @@ from tests.integration.test_postgres_projection import (  # noqa: F401 (fixtures
     dsn,
     projection,
 )
+from toolledger.projections.postgres import PostgresProjection
+from toolledger.projections.rows import Position
 
 pytestmark = pytest.mark.services
 

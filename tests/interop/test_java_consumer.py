@@ -19,10 +19,6 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.bundle import BUNDLE_DIR
-from schemas.codec import decode
-from schemas.keys import partition_for
-from schemas.topics import Topics, partition_key
 from tests.http.helpers import (
     approval_token,
     assert_call,
@@ -32,6 +28,10 @@ from tests.http.helpers import (
 )
 from tests.http.servers import ACME, OPERATOR, PARTITIONS, Server, start_distributed
 from tests.services import Services
+from toolledger.schemas.bundle import BUNDLE_DIR
+from toolledger.schemas.codec import decode
+from toolledger.schemas.keys import partition_for
+from toolledger.schemas.topics import Topics, partition_key
 
 pytestmark = pytest.mark.services
 

@@ -22,9 +22,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension
 from mcp.client.streamable_http import streamable_http_client
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.client import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.client import TrustedContext
 from toolledger.settings import LedgerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,6 @@ from typing import Any, cast
 import mcp_types as types
 from mcp import Client
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers import governance
-from producers.mcp_server import LedgerMcpServer
-from schemas.events import ApprovalDenied, ApprovalGranted, ToolDisabled, ToolEnabled
 from tests.mcp.common import (
     ACME,
     CHARGE,
@@ -30,6 +26,10 @@ from tests.mcp.common import (
     new_key,
 )
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers import governance
+from toolledger.producers.mcp_server import LedgerMcpServer
+from toolledger.schemas.events import ApprovalDenied, ApprovalGranted, ToolDisabled, ToolEnabled
 from toolledger.serve import tool_infos
 
 
@@ -234,9 +234,9 @@ async def test_mcp_calls_pass_the_front_doors_refusals(tmp_path: Path) -> None:
     before anything is appended, so the key stays unused."""
     import json as json_module
 
-    from processors.toolsets.helpdesk import helpdesk_registry
-    from producers.http.auth import TokenStore
     from toolledger.mcp_wiring import mcp_server
+    from toolledger.processors.toolsets.helpdesk import helpdesk_registry
+    from toolledger.producers.http.auth import TokenStore
     from toolledger.serve import Security, front_door
     from toolledger.settings import LedgerSettings
 
@@ -262,6 +262,6 @@ async def test_mcp_calls_pass_the_front_doors_refusals(tmp_path: Path) -> None:
 
 
 def _call_id(tool: str, key: str) -> str:
-    from schemas.keys import CallKey
+    from toolledger.schemas.keys import CallKey
 
     return CallKey("acme", tool, key).call_id

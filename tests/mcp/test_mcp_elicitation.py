@@ -16,9 +16,9 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers.mcp_server import LedgerMcpServer
 from tests.mcp.common import ACME, CHARGE, approval_request, body, embedded, error_code, new_key
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers.mcp_server import LedgerMcpServer
 from toolledger.serve import tool_infos
 
 EMAIL = {"to": "customer@example.com", "subject": "Your refund", "body": "On its way."}

@@ -18,16 +18,16 @@ import pytest
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from mcp import Client
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers.client import TrustedContext
-from producers.mcp_groups import GET_GROUP, GROUP_TOOLS, RESUME_GROUP, RUN_GROUP
-from producers.mcp_server import LedgerMcpServer
-from schemas.groups import compensation_key, step_key
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
 from tests.http.servers import Server
 from tests.mcp.common import ACME, body, embedded, error_code, http_client, new_key
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.mcp_groups import GET_GROUP, GROUP_TOOLS, RESUME_GROUP, RUN_GROUP
+from toolledger.producers.mcp_server import LedgerMcpServer
+from toolledger.schemas.groups import compensation_key, step_key
 from toolledger.serve import tool_infos
 
 GLOBEX = TrustedContext("globex", "agent-g")

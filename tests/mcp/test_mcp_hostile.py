@@ -27,10 +27,6 @@ import mcp_types as types
 import pytest
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers.mcp_groups import GET_GROUP, RESUME_GROUP, RUN_GROUP
-from schemas.groups import step_key
-from schemas.nesting import MAX_DEPTH
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
 from tests.http.servers import Server
@@ -44,6 +40,10 @@ from tests.mcp.common import (
     new_key,
     server_command,
 )
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers.mcp_groups import GET_GROUP, RESUME_GROUP, RUN_GROUP
+from toolledger.schemas.groups import step_key
+from toolledger.schemas.nesting import MAX_DEPTH
 
 VERSION = HANDSHAKE_PROTOCOL_VERSIONS[-1]
 CAROL_TOKEN = "acme-carol-token-0123456789"  # another user of acme's tenant

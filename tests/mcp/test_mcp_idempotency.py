@@ -33,14 +33,6 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
-from producers.http.auth import TokenStore
-from producers.mcp_server import (
-    KEY_IN_PROGRESS_CODE,
-    LedgerMcpServer,
-    mcp_description,
-    mcp_output_schema,
-)
 from tests.mcp.common import (
     ACME,
     ACME_TOKEN,
@@ -58,6 +50,14 @@ from tests.mcp.common import (
 )
 from toolledger.embedded import EmbeddedLedger
 from toolledger.mcp_wiring import mcp_server
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.producers.http.auth import TokenStore
+from toolledger.producers.mcp_server import (
+    KEY_IN_PROGRESS_CODE,
+    LedgerMcpServer,
+    mcp_description,
+    mcp_output_schema,
+)
 from toolledger.serve import Security, front_door, tool_infos
 from toolledger.settings import LedgerSettings
 

@@ -23,8 +23,6 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
-from producers.mcp_groups import GROUP_TOOLS
-from producers.mcp_server import LedgerMcpServer, mcp_input_schema
 from tests.mcp.common import (
     ACME,
     ACME_TOKEN,
@@ -45,6 +43,8 @@ from tests.mcp.common import (
     server_command,
     stdio_parameters,
 )
+from toolledger.producers.mcp_groups import GROUP_TOOLS
+from toolledger.producers.mcp_server import LedgerMcpServer, mcp_input_schema
 from toolledger.serve import tool_infos
 
 

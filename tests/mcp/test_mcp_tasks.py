@@ -21,11 +21,6 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers.client import TrustedContext
-from producers.mcp_server import LedgerMcpServer
-from producers.mcp_tasks import TASKS_EXTENSION
-from projections.sqlite import SqliteCalls
 from tests.http.servers import ACME as HTTP_ACME
 from tests.http.servers import GLOBEX as HTTP_GLOBEX
 from tests.http.servers import Server
@@ -41,6 +36,11 @@ from tests.mcp.common import (
     new_key,
 )
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.mcp_server import LedgerMcpServer
+from toolledger.producers.mcp_tasks import TASKS_EXTENSION
+from toolledger.projections.sqlite import SqliteCalls
 from toolledger.serve import tool_infos
 
 GLOBEX = TrustedContext("globex", "agent-g")

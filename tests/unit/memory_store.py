@@ -8,12 +8,12 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from processors.ledger import CallState
-from processors.ledger.governance import ApprovalBook, Switch
-from processors.ports import CommitBatch, KeyEntry, Snapshot
-from processors.runtime.state_table import book_meta, settled_at
-from schemas.events import Event
-from schemas.status import CallStatus
+from toolledger.processors.ledger import CallState
+from toolledger.processors.ledger.governance import ApprovalBook, Switch
+from toolledger.processors.ports import CommitBatch, KeyEntry, Snapshot
+from toolledger.processors.runtime.state_table import book_meta, settled_at
+from toolledger.schemas.events import Event
+from toolledger.schemas.status import CallStatus
 
 PARTITION = 0  # the one partition whose inputs the store's executor decides
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import MutableMapping
 from typing import Any
 
-from producers.http.app import _AnswerErrors
+from toolledger.producers.http.app import _AnswerErrors
 
 
 async def test_an_unhandled_error_becomes_a_503_problem_and_is_not_re_raised() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from producers.http.applied import AppliedWatch
+from toolledger.producers.http.applied import AppliedWatch
 
 
 class Projection:

@@ -10,14 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.approval_rules import (
+from toolledger.producers.approval_rules import (
     CONFIRM,
     approve_refusal,
     confirmed_in_person,
     deny_refusal,
 )
-from producers.client import TrustedContext
-from schemas.calls import ApprovalView
+from toolledger.producers.client import TrustedContext
+from toolledger.schemas.calls import ApprovalView
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 AGENT = TrustedContext("acme", "alice")  # the token that made the call: tools:call

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from processors.runtime.state_table import transaction
-from projections.audit_retention import prune_sqlite
 from toolledger import Ledger, Registry, TrustedContext
+from toolledger.processors.runtime.state_table import transaction
+from toolledger.projections.audit_retention import prune_sqlite
 
 ALICE = TrustedContext("acme", "alice")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from producers.client import TrustedContext
-from producers.http.auth import (
+from toolledger.producers.client import TrustedContext
+from toolledger.producers.http.auth import (
     UNKNOWN_TOKEN,
     AuthFailure,
     CombinedAuthenticator,
@@ -21,7 +21,7 @@ from producers.http.auth import (
     TokenStore,
     throttled_check,
 )
-from producers.http.ratelimit import (
+from toolledger.producers.http.ratelimit import (
     DEFAULT_AUTH_FAILURES,
     PRUNE_EVERY,
     AuthThrottle,

@@ -21,16 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from processors.executor import Executor
-from processors.pipeline import Stages
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
-from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
-from producers.governance import ApprovalTarget, deny
-from schemas.canonical import args_digest
-from schemas.codec import encode
-from schemas.errors import ErrorCode
-from schemas.events import (
+from tests.unit.memory_store import PARTITION, MemoryStore
+from toolledger.processors.executor import Executor
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.tools.manifest import Tool, ToolContext, ToolDescription
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.governance import ApprovalTarget, deny
+from toolledger.schemas.canonical import args_digest
+from toolledger.schemas.codec import encode
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.events import (
     ApprovalDenied,
     ApprovalRequested,
     Envelope,
@@ -40,9 +41,8 @@ from schemas.events import (
     ToolCallRequested,
     ToolCallSucceeded,
 )
-from schemas.governance import approval_id_for
-from schemas.keys import CallKey
-from tests.unit.memory_store import PARTITION, MemoryStore
+from toolledger.schemas.governance import approval_id_for
+from toolledger.schemas.keys import CallKey
 
 RETENTION_S = 100
 REQUEST_TTL_S = 150  # of an approval request (the approval property's tool)

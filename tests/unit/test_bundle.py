@@ -11,8 +11,8 @@ import pytest
 from fastavro import parse_schema
 from fastavro.schema import expand_schema, fingerprint, to_parsing_canonical_form
 
-from schemas import codec
-from schemas.bundle import BUNDLE_DIR, bundle, bundle_text
+from toolledger.schemas import codec
+from toolledger.schemas.bundle import BUNDLE_DIR, bundle, bundle_text
 
 # The CRC-64-AVRO fingerprint of every committed record schema, as the single-object header
 # carries it. Bytes already written must stay decodable: a change here is a change of the wire
@@ -96,7 +96,7 @@ def test_every_committed_fingerprint_is_pinned() -> None:
 def test_the_committed_bundle_is_the_one_made_from_the_files(version: int) -> None:
     path = BUNDLE_DIR / f"v{version}.avsc"
     assert path.read_text(encoding="utf-8") == bundle_text(version), (
-        f"{path} is stale: run python -m schemas.bundle"
+        f"{path} is stale: run python -m toolledger.schemas.bundle"
     )
 
 

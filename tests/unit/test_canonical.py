@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.canonical import (
+from toolledger.schemas.canonical import (
     CanonicalJsonError,
     args_digest,
     canonical_bytes,
@@ -40,7 +40,8 @@ def test_keys_are_sorted_by_code_point() -> None:
 def test_nested_objects_and_arrays() -> None:
     value = {"outer": {"z": [{"b": 1, "a": [True, None, "x"]}], "a": {}}, "list": [3, 1, 2]}
     assert canonical_json(value) == (
-        '{"list":[3,1,2],"outer":{"a":{},"z":[{"a":[true,null,"x"],"b":1}]}}')
+        '{"list":[3,1,2],"outer":{"a":{},"z":[{"a":[true,null,"x"],"b":1}]}}'
+    )
     # array order is significant
     assert args_digest([1, 2]) != args_digest([2, 1])
 
@@ -61,7 +62,8 @@ def test_nfc_and_nfd_strings_are_the_same_argument() -> None:
 def test_nfc_and_nfd_keys_are_the_same_key() -> None:
     assert canonical_json({f"caf{NFD_E}": 1}) == canonical_json({f"caf{NFC_E}": 1})
     assert args_digest({f"caf{NFD_E}": {NFD_E: NFD_E}}) == args_digest(
-        {f"caf{NFC_E}": {NFC_E: NFC_E}})
+        {f"caf{NFC_E}": {NFC_E: NFC_E}}
+    )
 
 
 def test_keys_sort_after_normalisation() -> None:
@@ -96,21 +98,35 @@ def test_lone_surrogates_have_no_canonical_form() -> None:
 # ------------------------------------------------------------------------------ numbers
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (1, "1"), (1.0, "1"), (-0.0, "0"), (0.0, "0"), (-1.0, "-1"), (0, "0"),
-    (1e20, "100000000000000000000"), (10**20, "100000000000000000000"),
-    (2.5, "2.5"), (0.1, "0.1"), (-1.5e-7, "-1.5e-07"), (2**64, "18446744073709551616"),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, "1"),
+        (1.0, "1"),
+        (-0.0, "0"),
+        (0.0, "0"),
+        (-1.0, "-1"),
+        (0, "0"),
+        (1e20, "100000000000000000000"),
+        (10**20, "100000000000000000000"),
+        (2.5, "2.5"),
+        (0.1, "0.1"),
+        (-1.5e-7, "-1.5e-07"),
+        (2**64, "18446744073709551616"),
+    ],
+)
 def test_numbers_are_normalised(value: float, expected: str) -> None:
     assert canonical_json(value) == expected
 
 
 def test_one_and_one_point_zero_are_the_same_argument() -> None:
     assert args_digest({"n": 1}) == args_digest({"n": 1.0}) == args_digest(json.loads('{"n":1.0}'))
-    assert args_digest({"n": 0}) == args_digest({"n": -0.0}) == args_digest(
-        json.loads('{"n": -0.0}'))
+    assert (
+        args_digest({"n": 0}) == args_digest({"n": -0.0}) == args_digest(json.loads('{"n": -0.0}'))
+    )
     assert args_digest(json.loads('{"n": 1e20}')) == args_digest(
-        json.loads('{"n": 100000000000000000000}'))
+        json.loads('{"n": 100000000000000000000}')
+    )
     assert args_digest({"n": 1}) != args_digest({"n": 1.5})
 
 
@@ -121,8 +137,9 @@ def test_booleans_stay_booleans() -> None:
     assert normalise(True) is True
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")],
-                         ids=["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("inf"), float("-inf")], ids=["NaN", "Infinity", "-Infinity"]
+)
 def test_nan_and_infinity_are_rejected(bad: float) -> None:
     for value in (bad, [1, bad], {"a": {"b": bad}}):
         with pytest.raises(CanonicalJsonError):
@@ -167,8 +184,11 @@ def test_formatting_does_not_matter() -> None:
 # ------------------------------------------------------------------------------ non-JSON values
 
 
-@pytest.mark.parametrize("value", [{1: "a"}, {None: 1}, {(1, 2): 3}, {True: 1}, {1.5: 2}],
-                         ids=["int", "None", "tuple", "bool", "float"])
+@pytest.mark.parametrize(
+    "value",
+    [{1: "a"}, {None: 1}, {(1, 2): 3}, {True: 1}, {1.5: 2}],
+    ids=["int", "None", "tuple", "bool", "float"],
+)
 def test_non_string_keys_are_rejected(value: dict[Any, Any]) -> None:
     with pytest.raises(CanonicalJsonError, match="keys"):
         canonical_json(value)
@@ -176,8 +196,9 @@ def test_non_string_keys_are_rejected(value: dict[Any, Any]) -> None:
         canonical_json({"nested": [value]})
 
 
-@pytest.mark.parametrize("value", [{1, 2}, b"bytes", object(), 1j],
-                         ids=["set", "bytes", "object", "complex"])
+@pytest.mark.parametrize(
+    "value", [{1, 2}, b"bytes", object(), 1j], ids=["set", "bytes", "object", "complex"]
+)
 def test_non_json_values_are_rejected(value: object) -> None:
     with pytest.raises(CanonicalJsonError):
         canonical_json({"a": value})
@@ -197,19 +218,27 @@ def test_digest_format() -> None:
 def test_digest_is_pinned() -> None:
     """The digest of a fixed value must never change between releases: stored keys rely on it."""
     assert args_digest({"b": [1.0, NFD_E], "a": None}) == (
-        "sha256:" + hashlib.sha256('{"a":null,"b":[1,"é"]}'.encode()).hexdigest())
+        "sha256:" + hashlib.sha256('{"a":null,"b":[1,"é"]}'.encode()).hexdigest()
+    )
 
 
 # ------------------------------------------------------------------------------ properties
 
-json_scalars = (st.none() | st.booleans() | st.integers()
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text())
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 nfc_keys = st.text().map(lambda s: unicodedata.normalize("NFC", s))
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(nfc_keys, children,
-                                                                       max_size=5),
-    max_leaves=25)
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(nfc_keys, children, max_size=5)
+    ),
+    max_leaves=25,
+)
 
 
 def _nfd(value: Any) -> Any:
@@ -233,8 +262,11 @@ def test_canonical_json_is_a_fixed_point(value: Any) -> None:
 @given(json_values)
 def test_reformatting_and_escaping_do_not_change_the_digest(value: Any) -> None:
     digest = args_digest(value)
-    for text in (json.dumps(value), json.dumps(value, indent=3, ensure_ascii=True),
-                 json.dumps(value, separators=(" , ", " : "), ensure_ascii=False)):
+    for text in (
+        json.dumps(value),
+        json.dumps(value, indent=3, ensure_ascii=True),
+        json.dumps(value, separators=(" , ", " : "), ensure_ascii=False),
+    ):
         assert args_digest(json.loads(text)) == digest
 
 

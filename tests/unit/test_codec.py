@@ -20,16 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from schemas import codec
-from schemas.codec import (
+from toolledger.schemas import codec
+from toolledger.schemas.codec import (
     BadMarker,
     CodecError,
     InvalidEvent,
     TruncatedOrCorrupt,
     UnknownFingerprint,
 )
-from schemas.errors import ErrorCode, ErrorInfo, FieldError
-from schemas.events import (
+from toolledger.schemas.errors import ErrorCode, ErrorInfo, FieldError
+from toolledger.schemas.events import (
     EVENT_TYPES,
     ApprovalConsumed,
     ApprovalDenied,
@@ -58,7 +58,7 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.status import CallStatus
+from toolledger.schemas.status import CallStatus
 
 AVRO_ROOT = Path(codec.__file__).resolve().parent / "avro"
 NAMESPACE = "toolledger.events"
@@ -495,7 +495,8 @@ def test_naive_datetime_in_payload_is_rejected() -> None:
         envelope=envelope(),
         approval_id="a",
         arguments_redacted_json="{}",
-        impact_json="{}", expires_at=datetime(2024, 5, 2)
+        impact_json="{}",
+        expires_at=datetime(2024, 5, 2),
     )
     with pytest.raises(InvalidEvent, match="expires_at is a naive datetime") as info:
         codec.encode(event)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from producers.http.console.calls import attempts_of
-from schemas.codec import event_to_json
-from schemas.errors import ErrorInfo
-from schemas.events import (
+from toolledger.producers.http.console.calls import attempts_of
+from toolledger.schemas.codec import event_to_json
+from toolledger.schemas.errors import ErrorInfo
+from toolledger.schemas.events import (
     Envelope,
     Event,
     FailureDisposition,
@@ -20,7 +20,7 @@ from schemas.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from schemas.status import CallStatus
+from toolledger.schemas.status import CallStatus
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.http.console.charts import (
+from toolledger.producers.http.console.charts import (
     BOTTOM,
     HEIGHT,
     LEFT,
@@ -21,7 +21,7 @@ from producers.http.console.charts import (
     chart,
     nice_top,
 )
-from schemas.calls import ToolStats
+from toolledger.schemas.calls import ToolStats
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, tzinfo=UTC)
 BY_NAME = {m.name: m for m in METRICS}

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
 
-from producers.http.console.guard import ConsoleRoute
+from toolledger.producers.http.console.guard import ConsoleRoute
 
 
 async def test_an_unexpected_error_is_a_500_page_and_logged(

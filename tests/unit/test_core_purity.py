@@ -12,21 +12,46 @@ from pathlib import Path
 
 import pytest
 
-import processors.groups
-import processors.ledger
+import toolledger.processors.groups
+import toolledger.processors.ledger
 
-LEDGER_DIR = Path(processors.ledger.__file__).resolve().parent
-GROUPS_DIR = Path(processors.groups.__file__).resolve().parent
+LEDGER_DIR = Path(toolledger.processors.ledger.__file__).resolve().parent
+GROUPS_DIR = Path(toolledger.processors.groups.__file__).resolve().parent
 
-FORBIDDEN_MODULES = frozenset({
-    "asyncio", "time", "uuid", "random", "os", "socket", "sqlite3", "threading", "subprocess",
-    "aiokafka", "psycopg", "faust", "httpx", "requests", "logging", "secrets",
-})
+FORBIDDEN_MODULES = frozenset(
+    {
+        "asyncio",
+        "time",
+        "uuid",
+        "random",
+        "os",
+        "socket",
+        "sqlite3",
+        "threading",
+        "subprocess",
+        "aiokafka",
+        "psycopg",
+        "faust",
+        "httpx",
+        "requests",
+        "logging",
+        "secrets",
+    }
+)
 # dotted names: matched exactly or as the tail of a longer dotted name (datetime.datetime.now)
-FORBIDDEN_DOTTED = frozenset({
-    "datetime.now", "datetime.utcnow", "datetime.today", "date.today", "time.time",
-    "time.monotonic", "time.perf_counter", "uuid.uuid4", "uuid.uuid1",
-})
+FORBIDDEN_DOTTED = frozenset(
+    {
+        "datetime.now",
+        "datetime.utcnow",
+        "datetime.today",
+        "date.today",
+        "time.time",
+        "time.monotonic",
+        "time.perf_counter",
+        "uuid.uuid4",
+        "uuid.uuid1",
+    }
+)
 FORBIDDEN_NAMES = frozenset({"uuid4", "uuid1", "open", "print", "input", "__import__"})
 FORBIDDEN_PREFIXES = ("random.", "os.", "secrets.")
 
@@ -61,9 +86,11 @@ def impurities(source: str, filename: str = "<string>") -> list[str]:
             name = _dotted(node)
             if name is None:
                 continue
-            if ((name in FORBIDDEN_NAMES and isinstance(node, ast.Name))
-                    or any(name == d or name.endswith("." + d) for d in FORBIDDEN_DOTTED)
-                    or name.startswith(FORBIDDEN_PREFIXES)):
+            if (
+                (name in FORBIDDEN_NAMES and isinstance(node, ast.Name))
+                or any(name == d or name.endswith("." + d) for d in FORBIDDEN_DOTTED)
+                or name.startswith(FORBIDDEN_PREFIXES)
+            ):
                 found.append(f"{where}: uses {name}")
     # ``datetime.datetime.now`` is both an Attribute and contains ``datetime.now``: report once
     return sorted(set(found))
@@ -83,7 +110,7 @@ def test_ledger_module_is_pure(path: Path) -> None:
     assert impurities(path.read_text(encoding="utf-8"), str(path)) == []
 
 
-IMPURE_SOURCE = '''
+IMPURE_SOURCE = """
 import asyncio
 import os.path
 from time import sleep
@@ -97,29 +124,44 @@ def stamp() -> object:
     with open("/tmp/x") as f:
         f.read()
     return datetime.now(), datetime.utcnow(), date.today(), uuid4(), random.random()
-'''
+"""
 
 
 def test_the_checker_reports_forbidden_imports_and_calls() -> None:
     found = "\n".join(impurities(IMPURE_SOURCE, "impure.py"))
-    for expected in ("import asyncio", "import os.path", "from time import", "from uuid import",
-                     "import logging", "import random", "from uuid import uuid4",
-                     "uses datetime.now", "uses datetime.utcnow", "uses date.today",
-                     "uses uuid4", "uses random.random", "uses print", "uses open"):
+    for expected in (
+        "import asyncio",
+        "import os.path",
+        "from time import",
+        "from uuid import",
+        "import logging",
+        "import random",
+        "from uuid import uuid4",
+        "uses datetime.now",
+        "uses datetime.utcnow",
+        "uses date.today",
+        "uses uuid4",
+        "uses random.random",
+        "uses print",
+        "uses open",
+    ):
         assert expected in found, expected
 
 
-@pytest.mark.parametrize("snippet", [
-    "import time\nx = time.time()",
-    "import datetime\nx = datetime.datetime.now()",
-    "import uuid\nx = uuid.uuid1()",
-    "from dataclasses import field\nfrom datetime import datetime\n"
-    "def f(x: object = field(default_factory=datetime.now)) -> None: ...",
-    "import secrets",
-    "from aiokafka import AIOKafkaProducer",
-    "import psycopg.rows",
-    "import subprocess",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import time\nx = time.time()",
+        "import datetime\nx = datetime.datetime.now()",
+        "import uuid\nx = uuid.uuid1()",
+        "from dataclasses import field\nfrom datetime import datetime\n"
+        "def f(x: object = field(default_factory=datetime.now)) -> None: ...",
+        "import secrets",
+        "from aiokafka import AIOKafkaProducer",
+        "import psycopg.rows",
+        "import subprocess",
+    ],
+)
 def test_the_checker_catches_each_kind(snippet: str) -> None:
     assert impurities(snippet) != []
 

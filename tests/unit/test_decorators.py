@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import JobRef, JobSucceeded, PollAnswer
 from toolledger import (
     REPLAY_SENTENCES,
     EffectClass,
@@ -20,6 +19,7 @@ from toolledger import (
     ToolRegistrationError,
     TrustedContext,
 )
+from toolledger.processors.tools.manifest import JobRef, JobSucceeded, PollAnswer
 
 ALICE = TrustedContext("acme", "alice")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
-from projections.sqlite import SqliteReadModel
-from schemas.keys import KeyScope
+from toolledger.processors.runtime.sqlite_ledger import LedgerFileError, SqliteLedger
+from toolledger.projections.sqlite import SqliteReadModel
+from toolledger.schemas.keys import KeyScope
 
 
 def SqliteLog(path: Path, **options: object) -> SqliteLedger:  # the tests' name
@@ -145,7 +145,7 @@ def test_vacuum_reclaims_free_pages_and_needs_the_ledger_to_itself(tmp_path: Pat
 def test_a_large_ledger_gets_a_bounded_check_at_start(tmp_path: Path) -> None:
     """Above the size of a full page check, a start checks the schema only (seconds at any
     size); a file whose schema cannot be read is still refused."""
-    from processors.runtime.ledger_file import check_readable
+    from toolledger.processors.runtime.ledger_file import check_readable
 
     path = tmp_path / "ledger.db"
     SqliteLog(path, create=True).close()

@@ -7,14 +7,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schemas.evaluation import (
+from toolledger.schemas.evaluation import (
     AuditRecord,
     CallRecord,
     EvaluationFacts,
     render,
     report_of,
 )
-from schemas.groups import GroupStepView, GroupView
+from toolledger.schemas.groups import GroupStepView, GroupView
 
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 RUN = "run-1"

@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from processors.executor import Executor
-from processors.ledger import Found, NotHappened, ReconcileOutcome
-from processors.pipeline import Stages
-from processors.tools.manifest import (
+from tests.unit.memory_store import PARTITION, Crash, MemoryStore
+from toolledger.processors.executor import Executor
+from toolledger.processors.ledger import Found, NotHappened, ReconcileOutcome
+from toolledger.processors.pipeline import Stages
+from toolledger.processors.tools.manifest import (
     RetryPolicy,
     Tool,
     ToolContext,
@@ -31,13 +32,12 @@ from processors.tools.manifest import (
     ToolError,
     always,
 )
-from processors.tools.redaction import Redactor
-from processors.tools.registry import ToolRegistry
-from schemas.codec import decode, encode
-from schemas.events import Envelope, ToolCallRejected, ToolCallRequested, answers_intent
-from schemas.keys import CallKey
-from schemas.status import CallStatus
-from tests.unit.memory_store import PARTITION, Crash, MemoryStore
+from toolledger.processors.tools.redaction import Redactor
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.schemas.codec import decode, encode
+from toolledger.schemas.events import Envelope, ToolCallRejected, ToolCallRequested, answers_intent
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.status import CallStatus
 
 
 class Args(BaseModel):
@@ -218,7 +218,7 @@ def test_any_schedule_with_a_crash_executes_each_key_at_most_once(
 
 
 def _switch(enabled: bool) -> bytes:
-    from producers.governance import switch
+    from toolledger.producers.governance import switch
 
     return encode(
         switch(
@@ -280,9 +280,9 @@ def test_an_approval_starts_at_most_one_execution_whatever_the_interleaving(
     """Asks, the operator's grant, uses of the token (right call, another key, other
     arguments) and switches in any order, with a crash at any commit: the approved call runs
     at most once, only after its ApprovalConsumed, and nothing else ever runs."""
-    from producers import governance
-    from schemas.canonical import args_digest
-    from schemas.governance import token_digest
+    from toolledger.producers import governance
+    from toolledger.schemas.canonical import args_digest
+    from toolledger.schemas.governance import token_digest
 
     random.seed(seed)
     downstream = Downstream()

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processors.ledger import (
+from toolledger.processors.ledger import (
     ApprovalGate,
     CallContext,
     CallState,
@@ -26,7 +26,7 @@ from processors.ledger import (
     decide,
     fold,
 )
-from processors.ledger.governance import (
+from toolledger.processors.ledger.governance import (
     ApprovalBook,
     ApprovalStatus,
     Switch,
@@ -36,9 +36,9 @@ from processors.ledger.governance import (
     switch_key,
     switch_of,
 )
-from schemas.calls import ANY
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.schemas.calls import ANY
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
     ApprovalGranted,
@@ -51,9 +51,9 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.governance import token_digest
-from schemas.keys import CallKey
-from schemas.status import CallStatus
+from toolledger.schemas.governance import token_digest
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.status import CallStatus
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = str(CallKey("acme", "charge_card", "pay-1"))
@@ -388,7 +388,7 @@ def test_switches_stamp_one_event_per_partition_and_fold_latest_wins() -> None:
 
 
 def test_an_approval_book_stays_small_whatever_the_caller_asks() -> None:
-    from processors.ledger.governance import MAX_OPEN_REQUESTS
+    from toolledger.processors.ledger.governance import MAX_OPEN_REQUESTS
 
     history: ApprovalBook | None = book(requested(), granted())
     for n in range(40):  # a caller asking with ever new arguments

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from processors.ledger.rows import event_json, event_of_json
-from processors.runtime import sqlite_ledger
-from processors.runtime.sqlite_ledger import SqliteLedger
-from projections import governance
-from projections import sqlite as sqlite_projection
-from projections.rows import Position
-from projections.sqlite import SqliteCalls, SqliteReadModel
-from schemas.calls import (
+from toolledger.processors.ledger.rows import event_json, event_of_json
+from toolledger.processors.runtime import sqlite_ledger
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.projections import governance
+from toolledger.projections import sqlite as sqlite_projection
+from toolledger.projections.rows import Position
+from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
+from toolledger.schemas.calls import (
     STAT_COUNTS,
     STAT_RATES,
     ApprovalView,
@@ -40,9 +40,9 @@ from schemas.calls import (
     ToolStats,
     effective_switch,
 )
-from schemas.canonical import args_digest, canonical_json
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.schemas.canonical import args_digest, canonical_json
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     ApprovalConsumed,
     ApprovalDenied,
     ApprovalGranted,
@@ -59,8 +59,8 @@ from schemas.events import (
     ToolDisabled,
     ToolEnabled,
 )
-from schemas.keys import CallKey, call_id_of
-from schemas.status import CallStatus
+from toolledger.schemas.keys import CallKey, call_id_of
+from toolledger.schemas.status import CallStatus
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 FAR_FUTURE = datetime(2999, 1, 1, tzinfo=UTC)
@@ -501,7 +501,7 @@ async def check_approvals(calls: CallQueries, advance: Advance) -> Any:
 
 def governance_cursor_of_call() -> str:
     """A cursor of the calls list: not one of the approvals list."""
-    from schemas.calls import encode_cursor
+    from toolledger.schemas.calls import encode_cursor
 
     return encode_cursor("call_0123")
 
@@ -1027,7 +1027,7 @@ def test_effective_switch_looks_at_each_level_on_its_own() -> None:
 
 
 def test_approval_cursor_round_trip_and_garbage() -> None:
-    from schemas.calls import decode_approval_cursor, encode_approval_cursor
+    from toolledger.schemas.calls import decode_approval_cursor, encode_approval_cursor
 
     view = ApprovalView(
         approval_id="ap/ü",

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-import processors.groups
-from processors.groups import (
+import toolledger.processors.groups
+from tests.unit.test_core_purity import impurities
+from tests.unit.test_group_definition import body, parsed, ref, step
+from toolledger.processors.groups import (
     Action,
     BlockedCall,
     CompensationFinished,
@@ -52,10 +54,8 @@ from processors.groups import (
     step_key,
     step_status,
 )
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.status import CallStatus
-from tests.unit.test_core_purity import impurities
-from tests.unit.test_group_definition import body, parsed, ref, step
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.status import CallStatus
 
 GK = "grp-1"
 WIDE_OPEN = 100
@@ -1011,9 +1011,13 @@ def test_journey_a_bad_path_at_run_time_fails_the_step_and_compensates() -> None
 
 # ---------------------------------------------------------------------------------- purity
 
-GROUPS_DIR = Path(processors.groups.__file__).resolve().parent
-ALLOWED_ROOTS = frozenset({"pydantic", "schemas"})
-ALLOWED_PACKAGES = ("processors.groups", "processors.ledger")
+GROUPS_DIR = Path(toolledger.processors.groups.__file__).resolve().parent
+ALLOWED_ROOTS = frozenset({"pydantic"})
+ALLOWED_PACKAGES = (
+    "toolledger.schemas",
+    "toolledger.processors.groups",
+    "toolledger.processors.ledger",
+)
 
 
 def foreign_imports(source: str, filename: str = "<string>") -> list[str]:
@@ -1060,8 +1064,9 @@ def test_groups_module_imports_only_pure_packages(path: Path) -> None:
     "snippet",
     [
         "import httpx",
-        "from processors.tools.registry import ToolRegistry",
-        "import processors.runtime",
+        "from toolledger.processors.tools.registry import ToolRegistry",
+        "import toolledger.processors.runtime",
+        "from schemas.errors import ErrorInfo",
         "from . import core",
         "from aiokafka import x",
         "import toolledger",
@@ -1074,8 +1079,8 @@ def test_the_import_check_catches_foreign_imports(snippet: str) -> None:
 def test_the_import_check_accepts_allowed_imports() -> None:
     ok_source = (
         "from __future__ import annotations\nimport json\nfrom hashlib import sha256\n"
-        "from pydantic import BaseModel\nfrom schemas.errors import ErrorInfo\n"
-        "from processors.ledger.decide import InvariantViolation\n"
-        "import processors.groups.core\n"
+        "from pydantic import BaseModel\nfrom toolledger.schemas.errors import ErrorInfo\n"
+        "from toolledger.processors.ledger.decide import InvariantViolation\n"
+        "import toolledger.processors.groups.core\n"
     )
     assert foreign_imports(ok_source) == []

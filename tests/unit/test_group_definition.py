@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from processors.groups import (
+from toolledger.processors.groups import (
     Compensation,
     GroupDefinition,
     InvalidGroup,
@@ -26,9 +26,9 @@ from processors.groups import (
     resolve_arguments,
     step_key,
 )
-from schemas.errors import ErrorCode
-from schemas.keys import check_idempotency_key
-from schemas.nesting import MAX_DEPTH
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.keys import check_idempotency_key
+from toolledger.schemas.nesting import MAX_DEPTH
 
 # ------------------------------------------------------------------ the tools of these tests
 

@@ -27,7 +27,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.groups import (
+from tests.unit.test_group_definition import TOOLS, body, parsed, ref, step
+from toolledger.processors.groups import (
     Compensation,
     CompensationFinished,
     CompensationStarted,
@@ -54,8 +55,7 @@ from processors.groups import (
     resumable,
     step_key,
 )
-from schemas.errors import ErrorInfo
-from tests.unit.test_group_definition import TOOLS, body, parsed, ref, step
+from toolledger.schemas.errors import ErrorInfo
 
 GK = "grp-prop"
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from processors.groups.codec import appended_at, decode_event, encode_event
-from processors.groups.core import GroupResumed
-from processors.runtime.group_runner import GroupRunner
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.groups.codec import appended_at, decode_event, encode_event
+from toolledger.processors.groups.core import GroupResumed
+from toolledger.processors.runtime.group_runner import GroupRunner
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger.settings import LedgerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from processors.groups.views import GroupMeta
-from processors.runtime.group_runner import StepCall
-from producers.client import CallResult, TrustedContext
-from schemas.calls import CallQueries
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import ApprovalRequested, Envelope
 from toolledger.groups import step_caller
+from toolledger.processors.groups.views import GroupMeta
+from toolledger.processors.runtime.group_runner import StepCall
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.schemas.calls import CallQueries
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import ApprovalRequested, Envelope
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

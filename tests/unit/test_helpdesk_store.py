@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from processors.toolsets.helpdesk import HelpdeskStore
-from schemas.keys import CallKey
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.schemas.keys import CallKey
 
 
 def test_two_calls_under_one_key_are_found_apart(tmp_path: Path) -> None:

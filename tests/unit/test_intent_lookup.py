@@ -7,12 +7,12 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from processors.runtime.intent_lookup import SqliteIntentLookup
-from processors.toolsets.helpdesk import HelpdeskStore
-from schemas.keys import CallKey
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.runtime.intent_lookup import SqliteIntentLookup
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.schemas.keys import CallKey
 from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")

@@ -11,7 +11,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from schemas.keys import (
+from toolledger.schemas.keys import (
     MAX_KEY_LENGTH,
     CallKey,
     InvalidIdempotencyKey,
@@ -40,14 +40,16 @@ def _unsigned(signed: int) -> int:
     return signed & 0xFFFFFFFF
 
 
-@pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS,
-                         ids=[d.decode() for d, _ in KAFKA_VECTORS])
+@pytest.mark.parametrize(
+    ("data", "expected"), KAFKA_VECTORS, ids=[d.decode() for d, _ in KAFKA_VECTORS]
+)
 def test_murmur2_matches_kafka_utils_test(data: bytes, expected: int) -> None:
     assert murmur2(data) == expected
 
 
-@pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS,
-                         ids=[d.decode() for d, _ in KAFKA_VECTORS])
+@pytest.mark.parametrize(
+    ("data", "expected"), KAFKA_VECTORS, ids=[d.decode() for d, _ in KAFKA_VECTORS]
+)
 def test_the_vectors_hold_for_aiokafka_too(data: bytes, expected: int) -> None:
     # aiokafka returns the same 32 bits as an unsigned int
     assert aiokafka_murmur2(data) == _unsigned(expected)
@@ -73,12 +75,14 @@ def test_partition_for_equals_aiokafka_default_partitioner(key: bytes, partition
 
 @settings(max_examples=200)
 @given(st.text(), st.text(), st.text(), st.integers(1, 64))
-def test_call_keys_partition_like_aiokafka(tenant: str, tool: str, key: str,
-                                           partitions: int) -> None:
+def test_call_keys_partition_like_aiokafka(
+    tenant: str, tool: str, key: str, partitions: int
+) -> None:
     encoded = CallKey(tenant, tool, key).encode()
     all_partitions = list(range(partitions))
     assert partition_for(encoded, partitions) == DefaultPartitioner()(
-        encoded, all_partitions, all_partitions)
+        encoded, all_partitions, all_partitions
+    )
 
 
 def test_partition_for_known_value_and_range() -> None:
@@ -94,20 +98,57 @@ def test_partition_for_known_value_and_range() -> None:
 PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 
 
-@pytest.mark.parametrize("key", [
-    "k", "a" * MAX_KEY_LENGTH, "run-1:step-7", "inner spaces, and commas", PRINTABLE_ASCII,
-    '"quoted"', " leading and trailing ",
-], ids=["one-char", "255", "run-step", "spaces-commas", "all-printable", "quotes", "outer-space"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "k",
+        "a" * MAX_KEY_LENGTH,
+        "run-1:step-7",
+        "inner spaces, and commas",
+        PRINTABLE_ASCII,
+        '"quoted"',
+        " leading and trailing ",
+    ],
+    ids=["one-char", "255", "run-step", "spaces-commas", "all-printable", "quotes", "outer-space"],
+)
 def test_valid_idempotency_keys(key: str) -> None:
     assert MAX_KEY_LENGTH == 255
     assert check_idempotency_key(key) == key
 
 
-@pytest.mark.parametrize("key", [
-    "", "a" * 256, "a" * 1000, "tab\there", "new\nline", "nul\x00", "del\x7f", "esc\x1b",
-    "café", "ключ", "nbsp\u00a0", "emoji🔑", "\u200b",
-], ids=["empty", "256", "1000", "tab", "newline", "nul", "del", "esc", "accent", "cyrillic",
-        "nbsp", "emoji", "zero-width-space"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "a" * 256,
+        "a" * 1000,
+        "tab\there",
+        "new\nline",
+        "nul\x00",
+        "del\x7f",
+        "esc\x1b",
+        "café",
+        "ключ",
+        "nbsp\u00a0",
+        "emoji🔑",
+        "\u200b",
+    ],
+    ids=[
+        "empty",
+        "256",
+        "1000",
+        "tab",
+        "newline",
+        "nul",
+        "del",
+        "esc",
+        "accent",
+        "cyrillic",
+        "nbsp",
+        "emoji",
+        "zero-width-space",
+    ],
+)
 def test_invalid_idempotency_keys(key: str) -> None:
     with pytest.raises(InvalidIdempotencyKey):
         check_idempotency_key(key)
@@ -120,14 +161,20 @@ def test_invalid_key_is_a_value_error_with_a_reason() -> None:
         check_idempotency_key("abc\x01")
 
 
-@given(st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1,
-               max_size=MAX_KEY_LENGTH))
+@given(
+    st.text(
+        alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+        min_size=1,
+        max_size=MAX_KEY_LENGTH,
+    )
+)
 def test_every_printable_ascii_key_is_valid(key: str) -> None:
     assert check_idempotency_key(key) == key
 
 
-@given(st.text(min_size=1, max_size=20).filter(
-    lambda s: any(not 0x20 <= ord(c) <= 0x7E for c in s)))
+@given(
+    st.text(min_size=1, max_size=20).filter(lambda s: any(not 0x20 <= ord(c) <= 0x7E for c in s))
+)
 def test_every_key_with_a_non_printable_or_non_ascii_character_is_invalid(key: str) -> None:
     with pytest.raises(InvalidIdempotencyKey):
         check_idempotency_key(key)
@@ -135,14 +182,37 @@ def test_every_key_with_a_non_printable_or_non_ascii_character_is_invalid(key: s
 
 # ------------------------------------------------------------------------------ CallKey
 
-HOSTILE = ['"', "'", ",", "/", "\\", '","', '["a","b","c"]', "\u00e9", "e\u0301", "🔑",
-           "\x00", "\n", " ", "", "null", "]", "[", "a/b/c", "a,b,c"]
+HOSTILE = [
+    '"',
+    "'",
+    ",",
+    "/",
+    "\\",
+    '","',
+    '["a","b","c"]',
+    "\u00e9",
+    "e\u0301",
+    "🔑",
+    "\x00",
+    "\n",
+    " ",
+    "",
+    "null",
+    "]",
+    "[",
+    "a/b/c",
+    "a,b,c",
+]
 
 
 @pytest.mark.parametrize("part", HOSTILE)
 def test_call_key_round_trip_with_hostile_characters(part: str) -> None:
-    for triple in ((part, "tool", "key"), ("tenant", part, "key"), ("tenant", "tool", part),
-                   (part, part, part)):
+    for triple in (
+        (part, "tool", "key"),
+        ("tenant", part, "key"),
+        ("tenant", "tool", part),
+        (part, part, part),
+    ):
         key = CallKey(*triple)
         assert CallKey.parse(str(key)) == key
         assert CallKey.parse(key.encode().decode("utf-8")) == key
@@ -157,10 +227,17 @@ def test_call_key_round_trip(tenant: str, tool: str, idem: str) -> None:
 
 def test_call_keys_that_naive_joins_would_confuse_are_distinct() -> None:
     confusable = [
-        CallKey("a,b", "c", "d"), CallKey("a", "b,c", "d"), CallKey("a", "b", "c,d"),
-        CallKey("a/b", "c", "d"), CallKey("a", "b/c", "d"), CallKey('a"', "b", "c"),
-        CallKey("a", '"b', "c"), CallKey('a","b', "c", "d"), CallKey("a", "b", '"c","d'),
-        CallKey("\u00e9", "t", "k"), CallKey("e\u0301", "t", "k"),
+        CallKey("a,b", "c", "d"),
+        CallKey("a", "b,c", "d"),
+        CallKey("a", "b", "c,d"),
+        CallKey("a/b", "c", "d"),
+        CallKey("a", "b/c", "d"),
+        CallKey('a"', "b", "c"),
+        CallKey("a", '"b', "c"),
+        CallKey('a","b', "c", "d"),
+        CallKey("a", "b", '"c","d'),
+        CallKey("\u00e9", "t", "k"),
+        CallKey("e\u0301", "t", "k"),
     ]
     assert len({k.encode() for k in confusable}) == len(confusable)
     assert len({k.call_id for k in confusable}) == len(confusable)
@@ -182,9 +259,21 @@ def test_different_triples_never_collide(a: tuple[str, str, str], b: tuple[str, 
         assert ka.call_id != kb.call_id
 
 
-@pytest.mark.parametrize("text", ['["a","b"]', '["a","b","c","d","e"]', '["a","b",1]', "{}",
-                                  '"abc"', "null", '[null,"b","c"]', '["a","b","c",null]', "[",
-                                  ""])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '["a","b"]',
+        '["a","b","c","d","e"]',
+        '["a","b",1]',
+        "{}",
+        '"abc"',
+        "null",
+        '[null,"b","c"]',
+        '["a","b","c",null]',
+        "[",
+        "",
+    ],
+)
 def test_parse_refuses_what_is_not_a_call_key(text: str) -> None:
     with pytest.raises(ValueError):
         CallKey.parse(text)
@@ -252,15 +341,27 @@ def test_derived_key_is_stable_for_the_same_run_and_step() -> None:
 
 
 def test_derived_key_differs_across_steps_and_runs() -> None:
-    keys = {derive_idempotency_key(run, step)
-            for run in ("run-1", "run-2") for step in ("step-1", "step-2", "step-10")}
+    keys = {
+        derive_idempotency_key(run, step)
+        for run in ("run-1", "run-2")
+        for step in ("step-1", "step-2", "step-10")
+    }
     assert len(keys) == 6
 
 
-@pytest.mark.parametrize(("run_id", "step_id"), [
-    ("run 1", "step 1"), ("rün", "schritt"), ("r" * 300, "s"), ("r", "s" * 300),
-    ("run\n", "step"), ("🏃", "👣"), ("a" * 150, "b" * 50), ("a" * 150, "b" * 49),
-])
+@pytest.mark.parametrize(
+    ("run_id", "step_id"),
+    [
+        ("run 1", "step 1"),
+        ("rün", "schritt"),
+        ("r" * 300, "s"),
+        ("r", "s" * 300),
+        ("run\n", "step"),
+        ("🏃", "👣"),
+        ("a" * 150, "b" * 50),
+        ("a" * 150, "b" * 49),
+    ],
+)
 def test_derived_key_always_passes_the_key_check(run_id: str, step_id: str) -> None:
     key = derive_idempotency_key(run_id, step_id)
     assert check_idempotency_key(key) == key
@@ -289,8 +390,9 @@ def test_derived_keys_of_different_run_step_pairs_are_different() -> None:
     assert derive_idempotency_key("a:b", "c") != derive_idempotency_key("a", "b:c")
 
 
-id_parts = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1,
-              max_size=6)
+id_parts = st.text(
+    alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=300)

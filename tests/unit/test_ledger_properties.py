@@ -17,7 +17,7 @@ from typing import Literal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.ledger import (
+from toolledger.processors.ledger import (
     AttemptFinished,
     AttemptOutcome,
     CallContext,
@@ -43,9 +43,9 @@ from processors.ledger import (
     fold,
     fold_all,
 )
-from schemas.canonical import args_digest, canonical_json
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import (
+from toolledger.schemas.canonical import args_digest, canonical_json
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import (
     Event,
     FailureDisposition,
     Resolution,
@@ -55,18 +55,32 @@ from schemas.events import (
     ToolCallReplayed,
     ToolCallStarted,
 )
-from schemas.keys import CallKey
-from schemas.status import CallStatus
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.status import CallStatus
 
 KEYS = 3
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
-REFUSED = ErrorInfo.downstream("REFUSED", "The downstream refused this write.", retryable=False,
-                               suggested_action="Do not retry this call.")
-UNAVAILABLE = ErrorInfo.downstream("UNAVAILABLE", "Briefly unavailable.", retryable=True,
-                                   suggested_action="Retry with the same key.")
+REFUSED = ErrorInfo.downstream(
+    "REFUSED",
+    "The downstream refused this write.",
+    retryable=False,
+    suggested_action="Do not retry this call.",
+)
+UNAVAILABLE = ErrorInfo.downstream(
+    "UNAVAILABLE",
+    "Briefly unavailable.",
+    retryable=True,
+    suggested_action="Retry with the same key.",
+)
 
-HandlerOutcome = Literal["success", "retryable", "final", "timeout_after_effect",
-                         "timeout_before_effect", "timeout_after_refusal"]
+HandlerOutcome = Literal[
+    "success",
+    "retryable",
+    "final",
+    "timeout_after_effect",
+    "timeout_before_effect",
+    "timeout_after_refusal",
+]
 
 
 # ----------------------------------------------------------------------------- operations
@@ -109,17 +123,31 @@ keys = st.integers(0, KEYS - 1)
 
 def ops(conflict_weight: int = 1) -> st.SearchStrategy[list[Op]]:
     variants = st.sampled_from([0] * 4 + [1] * conflict_weight + [2] * conflict_weight)
-    outcomes = st.sampled_from(("success", "success", "retryable", "retryable", "retryable",
-                                "final", "timeout_after_effect", "timeout_before_effect",
-                                "timeout_after_refusal"))
+    outcomes = st.sampled_from(
+        (
+            "success",
+            "success",
+            "retryable",
+            "retryable",
+            "retryable",
+            "final",
+            "timeout_after_effect",
+            "timeout_before_effect",
+            "timeout_after_refusal",
+        )
+    )
     submit = st.builds(SubmitOp, keys, variants)
     finish = st.builds(FinishOp, keys, outcomes)
     reconcile = st.builds(ReconcileOp, keys, st.sampled_from([False, False, True]))
     sweep = st.builds(SweepOp, keys)
     crash = st.builds(CrashOp, st.tuples(*[st.booleans()] * KEYS))
     by_kind: dict[str, st.SearchStrategy[Op]] = {
-        "submit": submit, "finish": finish, "reconcile": reconcile, "sweep": sweep,
-        "crash": crash}
+        "submit": submit,
+        "finish": finish,
+        "reconcile": reconcile,
+        "sweep": sweep,
+        "crash": crash,
+    }
     # weights by repetition: crashes are rarer than the rest
     kinds = ["submit"] * 6 + ["finish"] * 6 + ["reconcile"] * 4 + ["sweep"] * 2 + ["crash"]
     op = st.sampled_from(kinds).flatmap(by_kind.__getitem__)
@@ -127,9 +155,15 @@ def ops(conflict_weight: int = 1) -> st.SearchStrategy[list[Op]]:
 
 
 policies = st.lists(
-    st.builds(Policy, max_attempts=st.integers(1, 3), max_rounds=st.integers(1, 3),
-              has_reconcile=st.sampled_from([True, True, True, False])),
-    min_size=KEYS, max_size=KEYS)
+    st.builds(
+        Policy,
+        max_attempts=st.integers(1, 3),
+        max_rounds=st.integers(1, 3),
+        has_reconcile=st.sampled_from([True, True, True, False]),
+    ),
+    min_size=KEYS,
+    max_size=KEYS,
+)
 
 
 # ----------------------------------------------------------------------- the simulation
@@ -163,7 +197,8 @@ class Simulation:
     def __init__(self, policies: list[Policy]) -> None:
         self.models = [
             KeyModel(i, p, str(CallKey("tenant", "flaky_write", f"key-{i}")))
-            for i, p in enumerate(policies)]
+            for i, p in enumerate(policies)
+        ]
         self.log: list[Event] = []
         self.clock = 0
         self.intents = 0
@@ -181,9 +216,14 @@ class Simulation:
     def context(self, m: KeyModel, variant: int) -> CallContext:
         self.intents += 1
         return CallContext(
-            call_key=m.call_key, tenant_id="tenant", tool="flaky_write", tool_version="1",
-            idempotency_key=f"key-{m.index}", args_digest=self.digest(m.index, variant),
-            intent_id=f"intent-{self.intents}")
+            call_key=m.call_key,
+            tenant_id="tenant",
+            tool="flaky_write",
+            tool_version="1",
+            idempotency_key=f"key-{m.index}",
+            args_digest=self.digest(m.index, variant),
+            intent_id=f"intent-{self.intents}",
+        )
 
     @staticmethod
     def redacted(ctx: CallContext) -> str:
@@ -191,8 +231,9 @@ class Simulation:
 
     # -- applying a decision ---------------------------------------------------------------
 
-    def record(self, m: KeyModel, decision: Decision, ctx: CallContext | None,
-               by_intent: bool) -> None:
+    def record(
+        self, m: KeyModel, decision: Decision, ctx: CallContext | None, by_intent: bool
+    ) -> None:
         before = m.state
         for event in decision.events:
             assert event.call_key == m.call_key
@@ -203,11 +244,15 @@ class Simulation:
                 assert evolve(m.state, event) is m.state
             if isinstance(event, ToolCallStarted):
                 assert event.envelope.args_digest == m.first_submitted_digest
-            if (isinstance(event, ToolCallFailed)
-                    and event.disposition is not FailureDisposition.FINAL):
+            if (
+                isinstance(event, ToolCallFailed)
+                and event.disposition is not FailureDisposition.FINAL
+            ):
                 m.licences += 1
-            if (isinstance(event, ToolCallReconciled)
-                    and event.resolution is Resolution.NOT_HAPPENED):
+            if (
+                isinstance(event, ToolCallReconciled)
+                and event.resolution is Resolution.NOT_HAPPENED
+            ):
                 m.licences += 1
             m.state = evolve(m.state, event)
             m.events.append(event)
@@ -246,8 +291,7 @@ class Simulation:
         # the core property: at most one effect per call key, whatever happened
         assert m.effects <= 1, f"{m.call_key} has {m.effects} effects downstream"
 
-    def check_replay(self, m: KeyModel, before: CallState | None,
-                     event: ToolCallReplayed) -> None:
+    def check_replay(self, m: KeyModel, before: CallState | None, event: ToolCallReplayed) -> None:
         """Every Replayed carries the stored outcome."""
         assert before is not None
         m.replays += 1
@@ -272,8 +316,16 @@ class Simulation:
         if m.first_submitted_digest is None:
             m.first_submitted_digest = ctx.args_digest
         before = m.state
-        decision = decide(before, Submit(context=ctx, arguments_redacted_json=self.redacted(ctx),
-                                         policy=m.policy, now=self.now(), epoch=1))
+        decision = decide(
+            before,
+            Submit(
+                context=ctx,
+                arguments_redacted_json=self.redacted(ctx),
+                policy=m.policy,
+                now=self.now(),
+                epoch=1,
+            ),
+        )
         if before is None:
             assert [type(e) for e in decision.events] == [ToolCallStarted]
         elif ctx.args_digest != m.first_submitted_digest:
@@ -299,8 +351,9 @@ class Simulation:
         if op.outcome in ("success", "timeout_after_effect"):
             m.effects += 1
             m.downstream_result = canonical_json({"write_id": f"W-{m.index}-{execute.attempt}"})
-            outcome = (Success(m.downstream_result) if op.outcome == "success"
-                       else TimedOut("no answer"))
+            outcome = (
+                Success(m.downstream_result) if op.outcome == "success" else TimedOut("no answer")
+            )
         elif op.outcome == "retryable":
             outcome = Failure(UNAVAILABLE)
         elif op.outcome == "final":
@@ -311,10 +364,19 @@ class Simulation:
             outcome = TimedOut("no answer")
         else:
             outcome = TimedOut("no answer")
-        decision = decide(m.state, AttemptFinished(
-            context=ctx, attempt=execute.attempt, outcome=outcome, duration_ms=3,
-            arguments_redacted_json=self.redacted(ctx), policy=m.policy, now=self.now(),
-            epoch=1))
+        decision = decide(
+            m.state,
+            AttemptFinished(
+                context=ctx,
+                attempt=execute.attempt,
+                outcome=outcome,
+                duration_ms=3,
+                arguments_redacted_json=self.redacted(ctx),
+                policy=m.policy,
+                now=self.now(),
+                epoch=1,
+            ),
+        )
         self.record(m, decision, ctx, by_intent=True)
 
     def reconcile(self, op: ReconcileOp) -> None:
@@ -335,10 +397,18 @@ class Simulation:
             outcome = FoundFailed(m.refusal)
         else:
             outcome = NotHappened()
-        decision = decide(m.state, ReconcileFinished(
-            context=ctx, outcome=outcome, by_intent=by_intent,
-            arguments_redacted_json=self.redacted(ctx), policy=m.policy, now=self.now(),
-            epoch=1))
+        decision = decide(
+            m.state,
+            ReconcileFinished(
+                context=ctx,
+                outcome=outcome,
+                by_intent=by_intent,
+                arguments_redacted_json=self.redacted(ctx),
+                policy=m.policy,
+                now=self.now(),
+                epoch=1,
+            ),
+        )
         self.record(m, decision, ctx, by_intent)
 
     def sweep(self, op: SweepOp) -> None:
@@ -379,14 +449,14 @@ class Simulation:
 
 # ----------------------------------------------------------------------------- properties
 
-SETTINGS = settings(max_examples=250, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
 @given(policies=policies, operations=ops())
 def test_any_interleaving_executes_each_call_key_at_most_once(
-        policies: list[Policy], operations: list[Op]) -> None:
+    policies: list[Policy], operations: list[Op]
+) -> None:
     sim = Simulation(policies)
     sim.run(operations)
     for m in sim.models:
@@ -398,7 +468,8 @@ def test_any_interleaving_executes_each_call_key_at_most_once(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies=policies, operations=ops(), data=st.data())
 def test_fold_is_deterministic_and_fold_all_equals_per_key_folds(
-        policies: list[Policy], operations: list[Op], data: st.DataObject) -> None:
+    policies: list[Policy], operations: list[Op], data: st.DataObject
+) -> None:
     sim = Simulation(policies)
     sim.run(operations)
     per_key = {m.call_key: m.events for m in sim.models}
@@ -406,10 +477,11 @@ def test_fold_is_deterministic_and_fold_all_equals_per_key_folds(
     # folding the same list twice gives equal states
     for events in per_key.values():
         assert fold(events) == fold(list(events))
-        assert fold(events) == fold(events[len(events) // 2:], fold(events[:len(events) // 2]))
+        assert fold(events) == fold(events[len(events) // 2 :], fold(events[: len(events) // 2]))
 
-    expected = {key: state for key, events in per_key.items()
-                if (state := fold(events)) is not None}
+    expected = {
+        key: state for key, events in per_key.items() if (state := fold(events)) is not None
+    }
     # the interleaving the simulation produced
     assert fold_all(sim.log) == expected
     # and any other interleaving that keeps each key's order
@@ -424,7 +496,8 @@ def test_fold_is_deterministic_and_fold_all_equals_per_key_folds(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies=policies, operations=ops(conflict_weight=4))
 def test_the_first_accepted_digest_never_changes(
-        policies: list[Policy], operations: list[Op]) -> None:
+    policies: list[Policy], operations: list[Op]
+) -> None:
     sim = Simulation(policies)
     sim.run(operations)  # record() checks it after every step; check the log as well
     for m in sim.models:
@@ -437,9 +510,12 @@ def test_the_first_accepted_digest_never_changes(
         assert all(e.envelope.args_digest == first for e in started)
         assert m.state is not None and m.state.args_digest == first
         submitted_conflicts = sum(
-            1 for op in operations
-            if isinstance(op, SubmitOp) and op.key == m.index
-            and Simulation.digest(m.index, op.variant) != first)
+            1
+            for op in operations
+            if isinstance(op, SubmitOp)
+            and op.key == m.index
+            and Simulation.digest(m.index, op.variant) != first
+        )
         assert m.rejections[ErrorCode.IDEMPOTENCY_KEY_REUSED.value] == submitted_conflicts
 
 
@@ -464,38 +540,62 @@ def test_the_simulation_reaches_every_path() -> None:
     rng = random.Random(20250301)
     kinds = ["submit"] * 6 + ["finish"] * 6 + ["reconcile"] * 4 + ["sweep"] * 2 + ["crash"]
     outcomes: list[HandlerOutcome] = [
-        "success", "retryable", "retryable", "final", "timeout_after_effect",
-        "timeout_before_effect", "timeout_after_refusal"]
+        "success",
+        "retryable",
+        "retryable",
+        "final",
+        "timeout_after_effect",
+        "timeout_before_effect",
+        "timeout_after_refusal",
+    ]
     seen: set[str] = set()
     for _ in range(150):
-        sim = Simulation([Policy(rng.randint(1, 3), rng.randint(1, 3), rng.random() < 0.75)
-                          for _ in range(KEYS)])
+        sim = Simulation(
+            [Policy(rng.randint(1, 3), rng.randint(1, 3), rng.random() < 0.75) for _ in range(KEYS)]
+        )
         operations: list[Op] = []
         for _ in range(60):
             kind, key = rng.choice(kinds), rng.randrange(KEYS)
             operations.append(
-                SubmitOp(key, rng.choice([0, 0, 0, 0, 1, 2])) if kind == "submit"
-                else FinishOp(key, rng.choice(outcomes)) if kind == "finish"
-                else ReconcileOp(key, rng.random() < 0.3) if kind == "reconcile"
-                else SweepOp(key) if kind == "sweep"
-                else CrashOp(tuple(rng.random() < 0.5 for _ in range(KEYS))))
+                SubmitOp(key, rng.choice([0, 0, 0, 0, 1, 2]))
+                if kind == "submit"
+                else FinishOp(key, rng.choice(outcomes))
+                if kind == "finish"
+                else ReconcileOp(key, rng.random() < 0.3)
+                if kind == "reconcile"
+                else SweepOp(key)
+                if kind == "sweep"
+                else CrashOp(tuple(rng.random() < 0.5 for _ in range(KEYS)))
+            )
         sim.run(operations)
         for e in sim.log:
-            detail = (e.disposition if isinstance(e, ToolCallFailed)
-                      else e.resolution if isinstance(e, ToolCallReconciled)
-                      else e.status if isinstance(e, ToolCallReplayed)
-                      else e.error.code if isinstance(e, ToolCallRejected) else "")
+            detail = (
+                e.disposition
+                if isinstance(e, ToolCallFailed)
+                else e.resolution
+                if isinstance(e, ToolCallReconciled)
+                else e.status
+                if isinstance(e, ToolCallReplayed)
+                else e.error.code
+                if isinstance(e, ToolCallRejected)
+                else ""
+            )
             seen.add(f"{type(e).__name__}:{detail}")
         seen |= {"re-executed" for m in sim.models if m.handler_runs > 1}
         seen |= {"round-2" for e in sim.log if isinstance(e, ToolCallStarted) and e.round > 1}
     expected = {
-        "ToolCallStarted:", "ToolCallSucceeded:", "ToolCallOutcomeUnknown:",
+        "ToolCallStarted:",
+        "ToolCallSucceeded:",
+        "ToolCallOutcomeUnknown:",
         *(f"ToolCallFailed:{d}" for d in FailureDisposition),
         *(f"ToolCallReconciled:{r}" for r in Resolution),
-        *(f"ToolCallReplayed:{s}" for s in
-          (CallStatus.SUCCEEDED, CallStatus.FAILED_FINAL, CallStatus.UNKNOWN)),
+        *(
+            f"ToolCallReplayed:{s}"
+            for s in (CallStatus.SUCCEEDED, CallStatus.FAILED_FINAL, CallStatus.UNKNOWN)
+        ),
         f"ToolCallRejected:{ErrorCode.IDEMPOTENCY_KEY_REUSED}",
         f"ToolCallRejected:{ErrorCode.IDEMPOTENCY_KEY_IN_USE}",
-        "re-executed", "round-2",
+        "re-executed",
+        "round-2",
     }
     assert expected <= seen, sorted(expected - seen)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from projections.governance import DAILY_VIEWS_SQL
+from toolledger.projections.governance import DAILY_VIEWS_SQL
 
 CALLS = [  # tenant, tool, day, status, run
     ("acme", "t", "2026-12-05", "SUCCEEDED", "r1"),

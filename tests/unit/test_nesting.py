@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from schemas.nesting import MAX_DEPTH, NestingTooDeep, check_depth, check_text_depth
+from toolledger.schemas.nesting import MAX_DEPTH, NestingTooDeep, check_depth, check_text_depth
 
 
 def nested(depth: int) -> Any:

@@ -14,14 +14,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from processors import tracing as telemetry
-from processors.toolsets.helpdesk import HelpdeskStore
-from producers import governance
-from producers.client import CallResult, TrustedContext
-from schemas.events import ApprovalGranted, ApprovalRequested
-from schemas.status import CallStatus
 from tests.contract.harness import contract_registry
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors import tracing as telemetry
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.producers import governance
+from toolledger.producers.client import CallResult, TrustedContext
+from toolledger.schemas.events import ApprovalGranted, ApprovalRequested
+from toolledger.schemas.status import CallStatus
 from toolledger.settings import LedgerSettings
 
 PRINCIPAL = "alice.principal-SECRET-51c7@acme.example"

@@ -14,19 +14,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.ledger import CallState, Policy, evolve, fold_all
-from processors.ledger.rows import call_row, event_json, state_of_row
-from processors.ports import CommitBatch
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.toolsets.helpdesk import HelpdeskStore
-from projections.rows import Position, audit_payload, event_row
-from projections.sqlite import SqliteCalls, SqliteReadModel
-from schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
-from schemas.keys import call_id_for
 from tests.contract.harness import contract_registry
 from tests.unit.test_ledger_properties import Op, Simulation, ops, policies
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.ledger import CallState, Policy, evolve, fold_all
+from toolledger.processors.ledger.rows import call_row, event_json, state_of_row
+from toolledger.processors.ports import CommitBatch
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
+from toolledger.projections.rows import Position, audit_payload, event_row
+from toolledger.projections.sqlite import SqliteCalls, SqliteReadModel
+from toolledger.schemas.events import Envelope, Event, ToolCallKeyExpired, ToolCallStarted
+from toolledger.schemas.keys import call_id_for
 from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")
@@ -86,9 +86,7 @@ async def test_every_event_read_back_equals_the_event_on_the_log(tmp_path: Path)
             call_id = call_id_for(env.call_key, env.idempotency_key, env.intent_id)
             by_call.setdefault(call_id, []).append(_whole(event))
         stored = ledger.file.conn.execute("SELECT event_type FROM tool_call_events").fetchall()
-        audit_columns = {
-            r[1] for r in ledger.file.conn.execute("PRAGMA table_info(audit_events)")
-        }
+        audit_columns = {r[1] for r in ledger.file.conn.execute("PRAGMA table_info(audit_events)")}
         read = {c: await reads.events(ALICE.tenant_id, c) for c in by_call}
     assert len(logged) >= 5 and len(stored) == len(logged)
     # each event stored once: in the log; the audit trail's rows index it, they hold no copy

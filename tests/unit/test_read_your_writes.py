@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from processors.runtime.sqlite_ledger import SqliteLedger
-from processors.toolsets.helpdesk import HelpdeskStore
 from tests.contract.harness import contract_registry
 from toolledger import TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.runtime.sqlite_ledger import SqliteLedger
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore
 from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")

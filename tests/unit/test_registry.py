@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from processors.ledger import NotHappened, ReconcileOutcome
-from processors.tools.manifest import (
+from toolledger.processors.ledger import NotHappened, ReconcileOutcome
+from toolledger.processors.tools.manifest import (
     EffectClass,
     JobRef,
     JobRunning,
@@ -25,12 +25,12 @@ from processors.tools.manifest import (
     always,
     never,
 )
-from processors.tools.registry import (
+from toolledger.processors.tools.registry import (
     TRUSTED_CONTEXT_FIELDS,
     ToolRegistrationError,
     ToolRegistry,
 )
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
 
 class Args(BaseModel):
@@ -56,18 +56,35 @@ async def poll(job: JobRef, ctx: ToolContext) -> PollAnswer:
 
 
 DESCRIPTION = ToolDescription(
-    summary="Do a thing.", when_to_use="When the thing must be done.",
-    when_not_to_use="When it is done.", preconditions="None.",
-    replay_behaviour="Same key and arguments return the stored outcome.")
+    summary="Do a thing.",
+    when_to_use="When the thing must be done.",
+    when_not_to_use="When it is done.",
+    preconditions="None.",
+    replay_behaviour="Same key and arguments return the stored outcome.",
+)
 
 
-def make_tool(name: str = "do_thing", *, effect: EffectClass = EffectClass.MUTATION,
-              risk: RiskTier = RiskTier.LOW, with_reconcile: bool = False,
-              arguments: type[BaseModel] = Args, **changes: Any) -> Tool:
-    tool = Tool(name=name, version="1", arguments=arguments, result=Result, handler=handler,
-                description=DESCRIPTION, effect=effect, risk=risk,
-                reconcile=reconcile if with_reconcile else None,
-                poll=poll if effect is EffectClass.LONG_RUNNING else None)
+def make_tool(
+    name: str = "do_thing",
+    *,
+    effect: EffectClass = EffectClass.MUTATION,
+    risk: RiskTier = RiskTier.LOW,
+    with_reconcile: bool = False,
+    arguments: type[BaseModel] = Args,
+    **changes: Any,
+) -> Tool:
+    tool = Tool(
+        name=name,
+        version="1",
+        arguments=arguments,
+        result=Result,
+        handler=handler,
+        description=DESCRIPTION,
+        effect=effect,
+        risk=risk,
+        reconcile=reconcile if with_reconcile else None,
+        poll=poll if effect is EffectClass.LONG_RUNNING else None,
+    )
     return replace(tool, **changes) if changes else tool
 
 
@@ -76,8 +93,9 @@ def make_tool(name: str = "do_thing", *, effect: EffectClass = EffectClass.MUTAT
 
 @pytest.mark.parametrize("effect", [EffectClass.MUTATION, EffectClass.LONG_RUNNING])
 @pytest.mark.parametrize("risk", [RiskTier.HIGH, RiskTier.IRREVERSIBLE])
-def test_high_risk_mutation_without_reconcile_is_refused(effect: EffectClass,
-                                                         risk: RiskTier) -> None:
+def test_high_risk_mutation_without_reconcile_is_refused(
+    effect: EffectClass, risk: RiskTier
+) -> None:
     registry = ToolRegistry()
     with pytest.raises(ToolRegistrationError) as info:
         registry.register(make_tool(effect=effect, risk=risk))
@@ -89,8 +107,7 @@ def test_high_risk_mutation_without_reconcile_is_refused(effect: EffectClass,
 
 @pytest.mark.parametrize("effect", [EffectClass.MUTATION, EffectClass.LONG_RUNNING])
 @pytest.mark.parametrize("risk", [RiskTier.HIGH, RiskTier.IRREVERSIBLE])
-def test_high_risk_mutation_with_reconcile_is_accepted(effect: EffectClass,
-                                                       risk: RiskTier) -> None:
+def test_high_risk_mutation_with_reconcile_is_accepted(effect: EffectClass, risk: RiskTier) -> None:
     registry = ToolRegistry()
     tool = registry.register(make_tool(effect=effect, risk=risk, with_reconcile=True))
     assert registry.get("do_thing") is tool
@@ -147,11 +164,35 @@ def test_trusted_context_fields_under_an_alias_are_refused() -> None:
 # ------------------------------------------------------------------------------ names
 
 
-@pytest.mark.parametrize("name", [
-    "", "Create", "create-ticket", "1tool", "_tool", "tool name", "tööl", "a" * 65, "tool.x",
-    "tool\n", "tool\x00",
-], ids=["empty", "capital", "dash", "digit-first", "underscore-first", "space", "non-ascii",
-        "65-chars", "dot", "trailing-newline", "nul"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "Create",
+        "create-ticket",
+        "1tool",
+        "_tool",
+        "tool name",
+        "tööl",
+        "a" * 65,
+        "tool.x",
+        "tool\n",
+        "tool\x00",
+    ],
+    ids=[
+        "empty",
+        "capital",
+        "dash",
+        "digit-first",
+        "underscore-first",
+        "space",
+        "non-ascii",
+        "65-chars",
+        "dot",
+        "trailing-newline",
+        "nul",
+    ],
+)
 def test_bad_names_are_refused(name: str) -> None:
     registry = ToolRegistry()
     with pytest.raises(ToolRegistrationError, match="name"):
@@ -175,16 +216,27 @@ def test_duplicate_names_are_refused_and_the_first_tool_stays() -> None:
 # ------------------------------------------------------------------------------ other checks
 
 
-@pytest.mark.parametrize(("changes", "needle"), [
-    ({"timeout_s": 0.0}, "timeout_s"),
-    ({"timeout_s": -1.0}, "timeout_s"),
-    ({"retry": RetryPolicy(max_attempts=0)}, "max_attempts"),
-    ({"retry": RetryPolicy(max_rounds=0)}, "max_rounds"),
-    ({"description": replace(DESCRIPTION, when_to_use="  ")}, "description"),
-    ({"description": replace(DESCRIPTION, replay_behaviour="")}, "description"),
-    ({"redact_fields": frozenset({"password"})}, "redact_fields"),
-], ids=["zero-timeout", "negative-timeout", "no-attempts", "no-rounds", "no-when-to-use",
-        "no-replay-behaviour", "unknown-redact-field"])
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"timeout_s": 0.0}, "timeout_s"),
+        ({"timeout_s": -1.0}, "timeout_s"),
+        ({"retry": RetryPolicy(max_attempts=0)}, "max_attempts"),
+        ({"retry": RetryPolicy(max_rounds=0)}, "max_rounds"),
+        ({"description": replace(DESCRIPTION, when_to_use="  ")}, "description"),
+        ({"description": replace(DESCRIPTION, replay_behaviour="")}, "description"),
+        ({"redact_fields": frozenset({"password"})}, "redact_fields"),
+    ],
+    ids=[
+        "zero-timeout",
+        "negative-timeout",
+        "no-attempts",
+        "no-rounds",
+        "no-when-to-use",
+        "no-replay-behaviour",
+        "unknown-redact-field",
+    ],
+)
 def test_other_readiness_checks(changes: dict[str, Any], needle: str) -> None:
     with pytest.raises(ToolRegistrationError, match=needle):
         ToolRegistry().register(make_tool(**changes))
@@ -250,8 +302,7 @@ def test_helpdesk_redacts_sensitive_fields(helpdesk: ToolRegistry) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(HELPDESK))
-def test_helpdesk_manifest_is_json_with_argument_schemas(helpdesk: ToolRegistry,
-                                                         name: str) -> None:
+def test_helpdesk_manifest_is_json_with_argument_schemas(helpdesk: ToolRegistry, name: str) -> None:
     tool = helpdesk.get(name)
     assert tool is not None
     manifest = tool.manifest()
@@ -260,7 +311,10 @@ def test_helpdesk_manifest_is_json_with_argument_schemas(helpdesk: ToolRegistry,
     effect, risk, has_reconcile = HELPDESK[name]
     assert manifest["name"] == name
     assert (manifest["effect"], manifest["risk"], manifest["reconcile"]) == (
-        effect.value, risk.value, has_reconcile)
+        effect.value,
+        risk.value,
+        has_reconcile,
+    )
     assert manifest["idempotency_key_required"] is (effect is not EffectClass.READ_ONLY)
     for schema_key in ("arguments_schema", "result_schema"):
         schema = manifest[schema_key]

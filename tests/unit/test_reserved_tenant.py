@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.http.auth import TokenFileError, TokenStore
+from toolledger.producers.http.auth import TokenFileError, TokenStore
 
 
 def test_a_tokens_file_with_the_tenant_star_is_refused(tmp_path: Path) -> None:

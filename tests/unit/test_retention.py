@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from processors.tools.manifest import Tool, ToolContext, ToolDescription
-from processors.tools.registry import ToolRegistrationError, ToolRegistry
-from processors.tools.retention import (
+from toolledger.config import ConfigError
+from toolledger.processors.tools.manifest import Tool, ToolContext, ToolDescription
+from toolledger.processors.tools.registry import ToolRegistrationError, ToolRegistry
+from toolledger.processors.tools.retention import (
     DEFAULT_KEY_RETENTION,
     FOREVER,
     RetentionError,
@@ -19,7 +20,6 @@ from processors.tools.retention import (
     parse_retention,
     seconds_of,
 )
-from toolledger.config import ConfigError
 from toolledger.settings import LedgerSettings
 
 

@@ -18,8 +18,8 @@ import pytest
 from fastavro import schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas import codec
-from schemas.events import EVENTS_BY_TYPE, Envelope, Event, ToolCallSucceeded
+from toolledger.schemas import codec
+from toolledger.schemas.events import EVENTS_BY_TYPE, Envelope, Event, ToolCallSucceeded
 
 AVRO_ROOT = Path(codec.__file__).resolve().parent / "avro"
 PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 from toolledger import Ledger, TrustedContext, pending_approval
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
 USER = TrustedContext("acme", "alice")  # what the ledger calls as: alice's agent
 CONFIRMS = TrustedContext("acme", "alice", frozenset({"approvals:confirm"}))  # alice herself

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from schemas.topics import Topics
 from tests.over_http import over_http
 from tests.services import Services
 from toolledger import Compensation, Ledger, Registry, ToolContext, ToolError, TrustedContext
 from toolledger.embedded import EmbeddedLedger
+from toolledger.schemas.topics import Topics
 from toolledger.settings import LedgerSettings
 
 ALICE = TrustedContext("acme", "alice")
@@ -71,10 +71,10 @@ async def on_kafka(
 ) -> AsyncIterator[Ledger]:
     """``Ledger.kafka`` with ``postgres=``: the groups' log in PostgreSQL, the steps executed
     by a Kafka executor (in this process, with the same tools)."""
-    from processors.pipeline import Stages
-    from processors.runtime.kafka import KafkaExecutor
-    from processors.tools.redaction import Redactor
     from toolledger.kafka_admin import ensure_topics
+    from toolledger.processors.pipeline import Stages
+    from toolledger.processors.runtime.kafka import KafkaExecutor
+    from toolledger.processors.tools.redaction import Redactor
 
     topics = topics or Topics(f"g{uuid.uuid4().hex[:10]}.", 4)
     prefix = topics.prefix

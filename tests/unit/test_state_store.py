@@ -18,18 +18,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.ledger import CallContext, CallState
-from processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
-from processors.ports import CommitBatch, Snapshot
-from processors.runtime import state_table
-from processors.runtime.kafka import (
+from toolledger.processors.ledger import CallContext, CallState
+from toolledger.processors.ledger.governance import Approval, ApprovalBook, ApprovalStatus, Switch
+from toolledger.processors.ports import CommitBatch, Snapshot
+from toolledger.processors.runtime import state_table
+from toolledger.processors.runtime.kafka import (
     default_state_dir,
     meta_headers,
     meta_of_headers,
     private_state_dir,
 )
-from processors.runtime.local_store import LocalStore, StoreBusy
-from processors.runtime.snapshot import (
+from toolledger.processors.runtime.local_store import LocalStore, StoreBusy
+from toolledger.processors.runtime.snapshot import (
     APPROVALS_PREFIX,
     REFUSED_KEY,
     SWITCH_PREFIX,
@@ -37,9 +37,9 @@ from processors.runtime.snapshot import (
     switch_pairs,
     topic_pairs,
 )
-from processors.runtime.state_table import StateMeta, state_meta
-from schemas.keys import CallKey
-from schemas.status import CallStatus
+from toolledger.processors.runtime.state_table import StateMeta, state_meta
+from toolledger.schemas.keys import CallKey
+from toolledger.schemas.status import CallStatus
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 KEYS = [str(CallKey("acme", "op", k)) for k in ("a", "b", "c")]
@@ -400,11 +400,11 @@ def test_a_key_expired_and_started_again_in_one_batch_loses_its_old_book(
 
 
 async def test_a_restart_with_a_tiny_cache_keeps_every_unresolved_keys_book() -> None:
-    from processors.executor import Executor
-    from processors.pipeline import Stages
-    from processors.tools.redaction import Redactor
-    from processors.tools.registry import ToolRegistry
     from tests.unit.memory_store import PARTITION, MemoryStore
+    from toolledger.processors.executor import Executor
+    from toolledger.processors.pipeline import Stages
+    from toolledger.processors.tools.redaction import Redactor
+    from toolledger.processors.tools.registry import ToolRegistry
 
     store = MemoryStore()
     for i, key in enumerate(KEYS):

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from processors.ledger.rows import event_json
-from processors.ports import CommitBatch
-from processors.runtime.sqlite_ledger import ReadModel, SqliteLedger
-from projections import search
-from projections.dialect import POSTGRES, SQLITE
-from projections.sqlite import SqliteReadModel
-from schemas.calls import CallFilter
-from schemas.errors import ErrorCode, ErrorInfo
-from schemas.events import Envelope, Event, ToolCallRejected
-from schemas.keys import CallKey
+from toolledger.processors.ledger.rows import event_json
+from toolledger.processors.ports import CommitBatch
+from toolledger.processors.runtime.sqlite_ledger import ReadModel, SqliteLedger
+from toolledger.projections import search
+from toolledger.projections.dialect import POSTGRES, SQLITE
+from toolledger.projections.sqlite import SqliteReadModel
+from toolledger.schemas.calls import CallFilter
+from toolledger.schemas.errors import ErrorCode, ErrorInfo
+from toolledger.schemas.events import Envelope, Event, ToolCallRejected
+from toolledger.schemas.keys import CallKey
 
 
 class Recording(SqliteReadModel):
@@ -71,9 +71,10 @@ def test_the_ledger_derives_the_read_model_it_is_handed(tmp_path: Path) -> None:
 
 def test_the_executor_loads_no_read_model() -> None:
     code = (
-        "import sys, processors.runtime.embedded, processors.runtime.kafka, processors.pipeline\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('projections', 'producers', 'toolledger'))\n"
+        "import sys, toolledger.processors.runtime.embedded, toolledger.processors.runtime.kafka\n"
+        "import toolledger.processors.pipeline\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('toolledger.') and "
+        "m.split('.')[1] not in ('schemas', 'processors'))\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from processors import tracing as telemetry
-from processors.ledger.state import CallContext
-from schemas.keys import CallKey, call_id_of
+from toolledger.processors import tracing as telemetry
+from toolledger.processors.ledger.state import CallContext
+from toolledger.schemas.keys import CallKey, call_id_of
 
 PRINCIPAL = "user:alice.principal-7f3a@example.com"
 SECRET_ARG = "iban=DE89-SECRET-ARGUMENT-3704"
@@ -462,7 +462,7 @@ def test_otlp_protocol_asked_for_is_used(
 def test_without_a_provider_stages_cost_one_check_and_record_nothing() -> None:
     from opentelemetry import trace as api
 
-    from processors import tracing as telemetry
+    from toolledger.processors import tracing as telemetry
 
     telemetry.use_tracer_provider(None)
     assert isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)  # tests never set one

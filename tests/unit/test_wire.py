@@ -7,17 +7,17 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from schemas import codec
-from schemas.cloudevents import group_event_headers, rfc3339
-from schemas.dead_letters import (
+from toolledger.schemas import codec
+from toolledger.schemas.cloudevents import group_event_headers, rfc3339
+from toolledger.schemas.dead_letters import (
     ERROR_HEADERS,
     DeadLetterRecord,
     UnreadableDeadLetter,
 )
-from schemas.events import Envelope, ToolCallRequested, ToolCallSucceeded, ToolDisabled
-from schemas.keys import CallKey, call_id_for, partition_for
-from schemas.topics import Topics, partition_key
-from schemas.wire import SINGLE_OBJECT, Confluent, UnknownSchemaId
+from toolledger.schemas.events import Envelope, ToolCallRequested, ToolCallSucceeded, ToolDisabled
+from toolledger.schemas.keys import CallKey, call_id_for, partition_for
+from toolledger.schemas.topics import Topics, partition_key
+from toolledger.schemas.wire import SINGLE_OBJECT, Confluent, UnknownSchemaId
 
 AT = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 

@@ -19,12 +19,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
-from processors.runtime.group_runner import GroupRunner
-from processors.tools.registry import ToolRegistry
-from producers.client import LedgerClient
-from producers.http.door import IntentArguments
-from schemas.calls import CallQueries
 from toolledger.config import ConfigError
+from toolledger.processors.runtime.group_runner import GroupRunner
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.http.door import IntentArguments
+from toolledger.schemas.calls import CallQueries
 from toolledger.settings import EMBEDDED, KAFKA, LedgerSettings
 
 MODULES = {EMBEDDED: "toolledger.backends.embedded", KAFKA: "toolledger.backends.kafka"}
@@ -49,9 +49,7 @@ class BackendFactory(ABC):
         self.settings = settings
 
     @abstractmethod
-    def open(
-        self, registry: ToolRegistry | None
-    ) -> AbstractAsyncContextManager[BackendParts]:
+    def open(self, registry: ToolRegistry | None) -> AbstractAsyncContextManager[BackendParts]:
         """The backend, open while the block runs, for the tools of ``registry`` (the
         settings' key retention applied to it); ``None``: a client that only appends calls
         (``Ledger.kafka`` without tools). :class:`~toolledger.config.ConfigError` in one line

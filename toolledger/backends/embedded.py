@@ -9,12 +9,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import datetime
 
-from processors.runtime.intent_lookup import SqliteIntentLookup
-from processors.tools.registry import ToolRegistry
-from projections.audit_retention import prune_sqlite
 from toolledger.backends import BackendFactory, BackendParts
 from toolledger.config import ConfigError
 from toolledger.embedded import EmbeddedLedger
+from toolledger.processors.runtime.intent_lookup import SqliteIntentLookup
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.projections.audit_retention import prune_sqlite
 
 
 class Factory(BackendFactory):

@@ -11,14 +11,14 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator
 
-from processors.tools.registry import ToolRegistry
-from producers.client import LedgerClient
-from producers.kafka import KafkaTransport
-from producers.kafka_intents import KafkaIntentLookup
-from schemas.keys import DEFAULT_KEY_SCOPE
 from toolledger.backends import BackendFactory, BackendParts
 from toolledger.kafka_admin import ensure_topics
 from toolledger.kafka_settings import agreed_key_retention
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.producers.client import LedgerClient
+from toolledger.producers.kafka import KafkaTransport
+from toolledger.producers.kafka_intents import KafkaIntentLookup
+from toolledger.schemas.keys import DEFAULT_KEY_SCOPE
 
 
 class Factory(BackendFactory):
@@ -70,9 +70,9 @@ class Factory(BackendFactory):
 
             return BackendParts(client, None, None, intents, reachable, None)
 
-        from projections.audit_retention import prune_postgres
-        from projections.postgres import PostgresCalls, PostgresProjection, migrate
         from toolledger.groups import postgres_groups
+        from toolledger.projections.audit_retention import prune_postgres
+        from toolledger.projections.postgres import PostgresCalls, PostgresProjection, migrate
 
         dsn = settings.postgres
         await migrate(dsn)

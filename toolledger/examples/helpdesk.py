@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from processors.tools.registry import ToolRegistry
-from processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.toolsets.helpdesk import HelpdeskStore, helpdesk_registry
 
 STORE_ENV = "TOOLLEDGER_HELPDESK_DB"
 

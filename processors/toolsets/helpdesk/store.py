@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from schemas.keys import CallKey
+from toolledger.schemas.keys import CallKey
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS effects (

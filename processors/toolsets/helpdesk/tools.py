@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from processors.groups import Compensation
-from processors.ledger import Found, Inconclusive, NotHappened, ReconcileOutcome
-from processors.tools.decorators import REPLAY_SENTENCES
-from processors.tools.manifest import (
+from toolledger.processors.groups import Compensation
+from toolledger.processors.ledger import Found, Inconclusive, NotHappened, ReconcileOutcome
+from toolledger.processors.tools.decorators import REPLAY_SENTENCES
+from toolledger.processors.tools.manifest import (
     ApproverKind,
     EffectClass,
     HandlerResult,
@@ -33,9 +33,9 @@ from processors.tools.manifest import (
     ToolDescription,
     ToolError,
 )
-from processors.tools.registry import ToolRegistry
-from processors.toolsets.helpdesk.store import HelpdeskStore
-from schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
+from toolledger.processors.tools.registry import ToolRegistry
+from toolledger.processors.toolsets.helpdesk.store import HelpdeskStore
+from toolledger.schemas.errors import DOWNSTREAM_PREFIX, ErrorInfo
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 

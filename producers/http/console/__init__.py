@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from producers.http.console import (
+from toolledger.producers.http.console import (
     approvals,
     calls,
     docs,
@@ -17,10 +17,10 @@ from producers.http.console import (
     stats,
     switches,
 )
-from producers.http.console.charts import History
-from producers.http.console.guard import http_error_page
-from producers.http.console.pages import STATIC
-from producers.http.console.sessions import SessionSettings, SessionStore
+from toolledger.producers.http.console.charts import History
+from toolledger.producers.http.console.guard import http_error_page
+from toolledger.producers.http.console.pages import STATIC
+from toolledger.producers.http.console.sessions import SessionSettings, SessionStore
 
 __all__ = ["install"]
 

@@ -11,10 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from producers import approval_rules, governance
-from producers.http import approval_decisions
-from producers.http.access import tenant_of
-from producers.http.console.guard import (
+from toolledger.producers import approval_rules, governance
+from toolledger.producers.http import approval_decisions
+from toolledger.producers.http.access import tenant_of
+from toolledger.producers.http.console.guard import (
     PREFIX,
     CheckedForm,
     ConsoleRoute,
@@ -23,10 +23,10 @@ from producers.http.console.guard import (
     redirect,
     require_operator,
 )
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
-from producers.http.operator_input import decidable_approval, readable_approval
-from schemas.calls import APPROVAL_STATUSES, ApprovalView, decode_approval_cursor
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.operator_input import decidable_approval, readable_approval
+from toolledger.schemas.calls import APPROVAL_STATUSES, ApprovalView, decode_approval_cursor
 
 QUEUE = f"{PREFIX}/approvals"
 PAGE = 50

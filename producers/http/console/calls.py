@@ -14,13 +14,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from producers.http.call_views import awaiting_approval_view, read_only_view
-from producers.http.console.guard import PREFIX, ConsoleRoute, Refused, Signed
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
-from producers.http.routes.calls import CALL_ID
-from schemas.calls import CallFilter, CallView, decode_cursor
-from schemas.status import CallStatus
+from toolledger.producers.http.call_views import awaiting_approval_view, read_only_view
+from toolledger.producers.http.console.guard import PREFIX, ConsoleRoute, Refused, Signed
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.routes.calls import CALL_ID
+from toolledger.schemas.calls import CallFilter, CallView, decode_cursor
+from toolledger.schemas.status import CallStatus
 
 PAGE = 50
 SCAN_PAGE = 500

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from schemas.calls import ToolStats
+from toolledger.schemas.calls import ToolStats
 
 SAMPLE_S = 10.0
 KEEP = 360  # an hour at one sample every 10 s

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from producers.http.console.guard import PREFIX, ConsoleRoute, Refused, Signed
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
-from producers.http.routes.groups import GROUP_ID
-from schemas.groups import GroupService
+from toolledger.producers.http.console.guard import PREFIX, ConsoleRoute, Refused, Signed
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.routes.groups import GROUP_ID
+from toolledger.schemas.groups import GroupService
 
 PAGE = 50
 

@@ -26,13 +26,13 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from producers.approval_rules import is_operator
-from producers.http.auth import AuthFailure
-from producers.http.console.pages import render
-from producers.http.console.sessions import COOKIE, Session, SessionStore
-from producers.http.door import Door
-from producers.http.errors import ProblemError, answer_http_error
-from producers.http.responses import field_errors, read_capped
+from toolledger.producers.approval_rules import is_operator
+from toolledger.producers.http.auth import AuthFailure
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.console.sessions import COOKIE, Session, SessionStore
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import ProblemError, answer_http_error
+from toolledger.producers.http.responses import field_errors, read_capped
 
 log = logging.getLogger("toolledger.console")
 

@@ -13,9 +13,9 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from producers.approval_rules import is_operator
-from producers.http.console.sessions import Session
-from schemas.status import CallStatus
+from toolledger.producers.approval_rules import is_operator
+from toolledger.producers.http.console.sessions import Session
+from toolledger.schemas.status import CallStatus
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from markupsafe import Markup
 
-from producers.http.console.guard import PREFIX, ConsoleRoute, Signed
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
-from schemas.evaluation import report_of, to_html_fragment
+from toolledger.producers.http.console.guard import PREFIX, ConsoleRoute, Signed
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
+from toolledger.schemas.evaluation import report_of, to_html_fragment
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from producers.client import TrustedContext
+from toolledger.producers.client import TrustedContext
 
 COOKIE = "toolledger_console"
 IDLE_ENV = "TOOLLEDGER_CONSOLE_IDLE_S"

@@ -11,8 +11,8 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from producers.http.auth import AuthFailure, Throttled, throttled_check
-from producers.http.console.guard import (
+from toolledger.producers.http.auth import AuthFailure, Throttled, throttled_check
+from toolledger.producers.http.console.guard import (
     PREFIX,
     SIGN_IN,
     CheckedForm,
@@ -23,9 +23,9 @@ from producers.http.console.guard import (
     safe_next,
     sessions,
 )
-from producers.http.console.pages import render
-from producers.http.console.sessions import COOKIE
-from producers.http.door import Door
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.console.sessions import COOKIE
+from toolledger.producers.http.door import Door
 
 log = logging.getLogger("toolledger.console")
 

@@ -10,11 +10,20 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from producers.http.access import tenant_of
-from producers.http.console.charts import BOTTOM, HEIGHT, LEFT, RIGHT, SAMPLE_S, TOP, WIDTH, History
-from producers.http.console.guard import PREFIX, ConsoleRoute, Signed, require_operator
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
+from toolledger.producers.http.access import tenant_of
+from toolledger.producers.http.console.charts import (
+    BOTTOM,
+    HEIGHT,
+    LEFT,
+    RIGHT,
+    SAMPLE_S,
+    TOP,
+    WIDTH,
+    History,
+)
+from toolledger.producers.http.console.guard import PREFIX, ConsoleRoute, Signed, require_operator
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from producers import governance
-from producers.http import switch_changes
-from producers.http.access import GLOBAL_OPERATOR
-from producers.http.console.guard import (
+from toolledger.producers import governance
+from toolledger.producers.http import switch_changes
+from toolledger.producers.http.access import GLOBAL_OPERATOR
+from toolledger.producers.http.console.guard import (
     PREFIX,
     CheckedForm,
     ConsoleRoute,
@@ -21,10 +21,10 @@ from producers.http.console.guard import (
     redirect,
     require_operator,
 )
-from producers.http.console.pages import render
-from producers.http.door import FrontDoor
-from producers.http.operator_input import switchable_tool
-from schemas.calls import ANY, SwitchView, effective_switch
+from toolledger.producers.http.console.pages import render
+from toolledger.producers.http.door import FrontDoor
+from toolledger.producers.http.operator_input import switchable_tool
+from toolledger.schemas.calls import ANY, SwitchView, effective_switch
 
 PAGE = f"{PREFIX}/switches"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from producers.http.routes import (
+from toolledger.producers.http.routes import (
     approvals,
     calls,
     groups,

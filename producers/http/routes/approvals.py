@@ -12,16 +12,16 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from producers import governance
-from producers.http import approval_decisions
-from producers.http.access import Authenticated, Operator, tenant_of
-from producers.http.door import Door
-from producers.http.errors import refused
-from producers.http.openapi import documented, request_body
-from producers.http.operator_input import DecidableApproval, ReadableApproval, json_body
-from producers.http.responses import json_response
-from schemas.calls import decode_approval_cursor
-from schemas.errors import ErrorCode
+from toolledger.producers import governance
+from toolledger.producers.http import approval_decisions
+from toolledger.producers.http.access import Authenticated, Operator, tenant_of
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import refused
+from toolledger.producers.http.openapi import documented, request_body
+from toolledger.producers.http.operator_input import DecidableApproval, ReadableApproval, json_body
+from toolledger.producers.http.responses import json_response
+from toolledger.schemas.calls import decode_approval_cursor
+from toolledger.schemas.errors import ErrorCode
 
 router = APIRouter(tags=["approval requests"])
 

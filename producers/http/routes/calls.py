@@ -10,17 +10,17 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from producers.approval_rules import reader_of, reads
-from producers.http.access import Authenticated
-from producers.http.call_views import awaiting_approval_view, read_only_view, view_bytes
-from producers.http.door import Door
-from producers.http.errors import not_found, refused
-from producers.http.models import NO_CONTROL, Call, CallList, EventPage
-from producers.http.openapi import ERRORS
-from producers.http.responses import JSON
-from schemas.calls import CallFilter, decode_cursor
-from schemas.errors import ErrorCode
-from schemas.status import CallStatus
+from toolledger.producers.approval_rules import reader_of, reads
+from toolledger.producers.http.access import Authenticated
+from toolledger.producers.http.call_views import awaiting_approval_view, read_only_view, view_bytes
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import not_found, refused
+from toolledger.producers.http.models import NO_CONTROL, Call, CallList, EventPage
+from toolledger.producers.http.openapi import ERRORS
+from toolledger.producers.http.responses import JSON
+from toolledger.schemas.calls import CallFilter, decode_cursor
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.status import CallStatus
 
 CALL_ID = re.compile(r"call_[0-9a-f]{32}")  # CallKey.call_id: anything else is not a call
 _NO_CALL = "Check the call id (calls of other tenants are not visible to this token)."

@@ -10,18 +10,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from producers.http.access import Authenticated
-from producers.http.call_input import required_key
-from producers.http.door import Door, FrontDoor
-from producers.http.errors import ProblemError, not_found, refused
-from producers.http.headers import JsonBodyError, strict_json, wait_seconds
-from producers.http.models import NO_CONTROL
-from producers.http.openapi import ERRORS
-from producers.http.problems import problem
-from producers.http.responses import JSON, read_capped
-from schemas.errors import ErrorCode
-from schemas.groups import GroupAnswer, GroupService, GroupView
-from schemas.nesting import NestingTooDeep, check_text_depth
+from toolledger.producers.http.access import Authenticated
+from toolledger.producers.http.call_input import required_key
+from toolledger.producers.http.door import Door, FrontDoor
+from toolledger.producers.http.errors import ProblemError, not_found, refused
+from toolledger.producers.http.headers import JsonBodyError, strict_json, wait_seconds
+from toolledger.producers.http.models import NO_CONTROL
+from toolledger.producers.http.openapi import ERRORS
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.responses import JSON, read_capped
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.groups import GroupAnswer, GroupService, GroupView
+from toolledger.schemas.nesting import NestingTooDeep, check_text_depth
 
 GROUP_ID = re.compile(r"grp_[0-9a-f]{32}")
 MAX_GROUP_BODY_BYTES = 4 << 20

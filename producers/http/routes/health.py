@@ -8,8 +8,8 @@ import json
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
-from producers.http.door import Door
-from producers.http.responses import JSON
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.responses import JSON
 
 router = APIRouter(tags=["health"])
 

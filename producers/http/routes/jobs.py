@@ -13,20 +13,20 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from producers.approval_rules import reads
-from producers.client import TrustedContext, job_record
-from producers.http.access import OPERATOR, Authenticated
-from producers.http.call_views import projected, view_bytes
-from producers.http.door import Door, FrontDoor
-from producers.http.errors import refused
-from producers.http.openapi import documented, request_body
-from producers.http.operator_input import json_body
-from producers.http.problems import problem
-from producers.http.responses import JSON, json_response, problem_response
-from producers.http.routes.calls import CALL_ID
-from schemas.calls import CallView
-from schemas.errors import DOWNSTREAM_PREFIX, ErrorCode, ErrorInfo
-from schemas.events import Event, ToolCallRejected
+from toolledger.producers.approval_rules import reads
+from toolledger.producers.client import TrustedContext, job_record
+from toolledger.producers.http.access import OPERATOR, Authenticated
+from toolledger.producers.http.call_views import projected, view_bytes
+from toolledger.producers.http.door import Door, FrontDoor
+from toolledger.producers.http.errors import refused
+from toolledger.producers.http.openapi import documented, request_body
+from toolledger.producers.http.operator_input import json_body
+from toolledger.producers.http.problems import problem
+from toolledger.producers.http.responses import JSON, json_response, problem_response
+from toolledger.producers.http.routes.calls import CALL_ID
+from toolledger.schemas.calls import CallView
+from toolledger.schemas.errors import DOWNSTREAM_PREFIX, ErrorCode, ErrorInfo
+from toolledger.schemas.events import Event, ToolCallRejected
 
 JOBS_REPORT = "jobs:report"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from producers.http.errors import not_found
-from producers.http.problems import Problem, page
-from producers.http.responses import PROBLEM
+from toolledger.producers.http.errors import not_found
+from toolledger.producers.http.problems import Problem, page
+from toolledger.producers.http.responses import PROBLEM
 
 router = APIRouter(tags=["problems"])
 

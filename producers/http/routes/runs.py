@@ -10,13 +10,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from producers.http.access import GLOBAL_OPERATOR, Authenticated
-from producers.http.door import Door
-from producers.http.errors import refused
-from producers.http.models import NO_CONTROL
-from producers.http.openapi import ERRORS
-from schemas.errors import ErrorCode
-from schemas.evaluation import Format, render, report_of
+from toolledger.producers.http.access import GLOBAL_OPERATOR, Authenticated
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import refused
+from toolledger.producers.http.models import NO_CONTROL
+from toolledger.producers.http.openapi import ERRORS
+from toolledger.schemas.errors import ErrorCode
+from toolledger.schemas.evaluation import Format, render, report_of
 
 router = APIRouter(tags=["runs"])
 

@@ -8,13 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from producers.http.access import GLOBAL_OPERATOR, Authenticated
-from producers.http.door import Door
-from producers.http.errors import refused
-from producers.http.models import NO_CONTROL
-from producers.http.openapi import documented
-from producers.http.responses import json_response
-from schemas.errors import ErrorCode
+from toolledger.producers.http.access import GLOBAL_OPERATOR, Authenticated
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.errors import refused
+from toolledger.producers.http.models import NO_CONTROL
+from toolledger.producers.http.openapi import documented
+from toolledger.producers.http.responses import json_response
+from toolledger.schemas.errors import ErrorCode
 
 router = APIRouter(tags=["stats"])
 

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from producers import governance
-from producers.http import switch_changes
-from producers.http.access import Operator
-from producers.http.door import Door
-from producers.http.openapi import documented, request_body
-from producers.http.operator_input import SwitchableTool, json_body
-from producers.http.responses import json_response
+from toolledger.producers import governance
+from toolledger.producers.http import switch_changes
+from toolledger.producers.http.access import Operator
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.openapi import documented, request_body
+from toolledger.producers.http.operator_input import SwitchableTool, json_body
+from toolledger.producers.http.responses import json_response
 
 router = APIRouter(tags=["switches"])
 

@@ -15,12 +15,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from producers.client import CallResult
-from producers.http.access import Authenticated, bearer
-from producers.http.approval_wait import awaited_request, decided_within
-from producers.http.call_admission import AdmissionChecked, admit
-from producers.http.call_answer import answer, queued_probe
-from producers.http.call_input import (
+from toolledger.producers.client import CallResult
+from toolledger.producers.http.access import Authenticated, bearer
+from toolledger.producers.http.approval_wait import awaited_request, decided_within
+from toolledger.producers.http.call_admission import AdmissionChecked, admit
+from toolledger.producers.http.call_answer import answer, queued_probe
+from toolledger.producers.http.call_input import (
     Body,
     DecisionWait,
     Key,
@@ -33,9 +33,9 @@ from producers.http.call_input import (
     known_tool,
     wait_asked,
 )
-from producers.http.door import Door, door_of
-from producers.http.models import CallBody
-from producers.http.openapi import CALLS_PATH, call_responses, request_body
+from toolledger.producers.http.door import Door, door_of
+from toolledger.producers.http.models import CallBody
+from toolledger.producers.http.openapi import CALLS_PATH, call_responses, request_body
 
 router = APIRouter(tags=["tool calls"])
 

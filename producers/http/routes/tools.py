@@ -9,11 +9,11 @@ import json
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from producers.http.access import Authenticated
-from producers.http.door import Door
-from producers.http.models import ToolPage
-from producers.http.openapi import ERRORS
-from producers.http.responses import JSON
+from toolledger.producers.http.access import Authenticated
+from toolledger.producers.http.door import Door
+from toolledger.producers.http.models import ToolPage
+from toolledger.producers.http.openapi import ERRORS
+from toolledger.producers.http.responses import JSON
 
 router = APIRouter(tags=["tools"])
 
