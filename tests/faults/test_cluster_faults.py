@@ -97,9 +97,15 @@ async def deployment(
     names = _names(topics)
     await kafka_cluster.heal([])
     await _create_topics(kafka_cluster.bootstrap, topics)
-    described = await kafka_cluster.describe(names)
-    assert {len(p["replicas"]) for t in described for p in t["partitions"]} == {REPLICAS}
+    # until the nodes know the new topics: one asked just after the creation may not yet
     await kafka_cluster.wait_in_sync(names)
+    described = await kafka_cluster.describe(names)
+    for _ in range(60):  # another node than the one wait_in_sync asked: at most 30 s more
+        if all(t["partitions"] for t in described):
+            break
+        await asyncio.sleep(0.5)
+        described = await kafka_cluster.describe(names)
+    assert {len(p["replicas"]) for t in described for p in t["partitions"]} == {REPLICAS}
     on_cluster = Services(kafka_cluster.bootstrap, services.postgres)
     server = await asyncio.to_thread(start_distributed, tmp_path, on_cluster, prefix=topics.prefix)
     try:
