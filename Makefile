@@ -80,6 +80,7 @@ test-kafka4: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict
 	$(BIN)/lint-imports --no-cache
 
