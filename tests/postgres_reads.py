@@ -62,17 +62,16 @@ async def dead_letter_reasons(
     projection: PostgresProjection, topic: str | None = None
 ) -> list[str]:
     """The reasons of the dead letters (of ``topic``, if given), in the order recorded."""
-    async with projection._transaction("read dead letters") as conn:
-        cur = await conn.execute(
-            "SELECT reason FROM dead_letters WHERE %(topic)s::text IS NULL "
-            "OR topic = %(topic)s ORDER BY id",
-            {"topic": topic},
-        )
-        return [str(r[0]) for r in await cur.fetchall()]
+    rows = await _rows(
+        projection,
+        sql.SQL(
+            "SELECT reason FROM dead_letters WHERE {topic}::text IS NULL OR topic = {topic} "
+            "ORDER BY id"
+        ).format(topic=sql.Literal(topic)),
+    )
+    return [str(row["reason"]) for row in rows]
 
 
 async def dead_letter_count(projection: PostgresProjection) -> int:
-    async with projection._transaction("count dead letters") as conn:
-        cur = await conn.execute("SELECT count(*) FROM dead_letters")
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
+    (row,) = await _rows(projection, sql.SQL("SELECT count(*) AS n FROM dead_letters"))
+    return int(row["n"])
