@@ -56,6 +56,9 @@ MAX_WAIT_S = 60.0
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 # how long a caller whose wait ran out waits on for the executor to decide its intent
 DECISION_WAIT_S = 10.0
+# the least time an append may take before the caller hears PENDING (the log unreachable):
+# a broker that is down or without a leader never holds a caller longer than its wait or this
+APPEND_WAIT_S = 10.0
 MAX_REFUSALS_IN_FLIGHT = 256
 
 # (call_id, intent_id) -> whether another intent with the same arguments holds the key, running
@@ -172,12 +175,16 @@ class LedgerClient:
         default_wait_s: float = DEFAULT_WAIT_S,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         key_scopes: KeyScopes = default_key_scopes,
+        append_wait_s: float = APPEND_WAIT_S,
     ) -> None:
         """``key_scopes``: the scope of each tool's keys, as the executor has them (the
-        composition root hands the registry's ``key_scope_of``)."""
+        composition root hands the registry's ``key_scope_of``). An append to the log may take
+        the caller's wait or ``append_wait_s``, whichever is longer; past it the caller gets
+        PENDING (call again with the same key) while the append goes on."""
         self._transport = transport
         self.key_scopes = key_scopes
         self._default_wait_s = default_wait_s
+        self._append_wait_s = append_wait_s
         self._max_argument_bytes = max_argument_bytes
         self._refusals: set[asyncio.Task[None]] = set()
         self.refusals_shed = 0  # front-door refusals not put in the audit trail (overload)
@@ -258,23 +265,29 @@ class LedgerClient:
         )
         hub = self._transport.outcomes
         waiter = hub.expect(intent_id)
+        timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+        appended = False
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
-            await self._transport.send(intent)
-            timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
-            try:
-                async with asyncio.timeout(timeout):
-                    return result_of(await waiter.answer)
-            except TimeoutError:
-                # the wait cancelled the answer's future (ours alone): the next answer goes
-                # to a new one, which the decision's wait below awaits
-                if waiter.answer.cancelled():
-                    waiter.answer = asyncio.get_running_loop().create_future()
-                raise
+            # one deadline: the append's (bounded, so no caller hangs on a log that is down),
+            # then, once the log has the intent, the caller's wait for the answer
+            async with asyncio.timeout_at(start + max(timeout, self._append_wait_s)) as deadline:
+                await self._transport.send(intent)
+                appended = True
+                deadline.reschedule(start + timeout)
+                return result_of(await waiter.answer)
         except TransportError as exc:
             # The intent may or may not have reached the log: the same key makes a retry safe.
             error = ErrorInfo.of(ErrorCode.INTERNAL, f"The ledger could not be reached: {exc}")
             return _pending(call_id, intent_id, error)
         except TimeoutError:
+            if not appended:  # the append goes on: the intent may still reach the log
+                return _pending(call_id, intent_id, _not_appended(timeout, self._append_wait_s))
+            # the wait cancelled the answer's future (ours alone): the next answer goes to a
+            # new one, which the decision's wait awaits
+            if waiter.answer.cancelled():
+                waiter.answer = loop.create_future()
             return await self._decided(waiter, call_id, intent_id, queued)
         finally:
             hub.forget(intent_id, waiter)
@@ -376,13 +389,16 @@ class LedgerClient:
         Raises :class:`TransportError` if the log could not be reached."""
         hub = self._transport.outcomes
         waiter = hub.expect(record.intent_id)
+        timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
+        start = asyncio.get_running_loop().time()
         try:
-            if broadcast:
-                await self._transport.broadcast(record)
-            else:
-                await self._transport.send(record)
-            timeout = min(MAX_WAIT_S, self._default_wait_s if wait is None else max(0.0, wait))
-            return await asyncio.wait_for(asyncio.shield(waiter.answer), timeout)
+            async with asyncio.timeout_at(start + max(timeout, self._append_wait_s)) as deadline:
+                if broadcast:
+                    await self._transport.broadcast(record)
+                else:
+                    await self._transport.send(record)
+                deadline.reschedule(start + timeout)
+                return await asyncio.shield(waiter.answer)
         except TimeoutError:
             return None
         finally:
@@ -460,6 +476,16 @@ def _pending(
         intent_id=intent_id,
         running=running,
         error=error,
+    )
+
+
+def _not_appended(wait_s: float, append_wait_s: float) -> ErrorInfo:
+    return ErrorInfo.of(
+        ErrorCode.INTERNAL,
+        f"The log did not take the intent within {max(wait_s, append_wait_s):g} s "
+        "(it may still take it).",
+        retryable=True,
+        suggested_action="Call again with the same key and arguments: it runs at most once.",
     )
 
 
