@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,21 @@ def cluster(services: Services, tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed fault test (a timeout too) shows the end of each process's log: what the
+    executor or projector was doing is the first thing needed to tell why."""
+    report = yield
+    running = getattr(item, "funcargs", {}).get("cluster")
+    if report.when == "call" and report.failed and isinstance(running, Cluster):
+        for started in running.processes:
+            tail = started.log()[-6000:] if started.log_path.exists() else "(no log)"
+            report.sections.append((f"{started.what} {started.log_path.name}", tail))
+    return report
 
 
 @pytest.fixture
