@@ -90,52 +90,59 @@ class KafkaStore:
         return self._local.due(tool, settled_before, after, limit)
 
     async def commit(self, batch: CommitBatch) -> None:
+        """One transaction: the outcomes, the state records, the dead letters and the input
+        position. Bounded by :data:`COMMIT_DEADLINE_S`: a transaction that does not end (a
+        coordinator that never answers) raises ``TimeoutError``, so the executor stops and
+        the partition is taken over again, as after a crash; the new producer's
+        ``init_transactions`` settles whatever this one left open."""
         producer, topics, p = self._producer, self._topics, self._partition
         await producer.begin_transaction()
         pairs: list[tuple[str, bytes | None, StateMeta | None]] = []
         try:
-            # Records go in as whole batches, one per topic (more only past MAX_BATCH_BYTES):
-            # one future and one accumulator entry per batch, not per record. They are in
-            # the transaction all the same: the sender adds their partitions to it, and the
-            # commit below waits for every batch to be acknowledged.
-            outcomes = _Batches(producer, topics.outcomes, p)
-            for event in batch.events:
-                event_key, event_value, headers = self._wire.record(event)
-                headers.append((INTENT_ID_HEADER, event.intent_id.encode("utf-8")))
-                headers.append((ANSWER_HEADER, b"1" if answers_intent(event) else b"0"))
-                await outcomes.append(event_key, event_value, headers)
-            states = _Batches(producer, topics.state, p)
-            for key, text in topic_pairs(batch, p):  # tombstones for expired keys: compaction
-                state = batch.states.get(key) if text is not None else None
-                meta = None if state is None else state_meta(state)
-                value = None if text is None else text.encode("utf-8")
-                pairs.append((key, value, meta))
-                await states.append(
-                    key.encode("utf-8"), value, [] if meta is None else meta_headers(meta)
-                )
-            letters = _Batches(producer, topics.dead_letters, p)
-            for letter in batch.dead_letters:  # the original record, with Connect's headers
-                dead = DeadLetterRecord(
-                    topics.intents,
-                    p,
-                    -1 if letter.offset is None else letter.offset,
-                    letter.reason,
-                    letter.key,
-                    letter.value,
-                    letter.headers,
-                )
-                await letters.append(dead.key, dead.value, dead.kafka_headers())
-            for batches in (outcomes, states, letters):
-                await batches.flush()
-            next_offset = batch.positions.get(p)
-            if next_offset is not None and next_offset != self._committed_offset:
-                await producer.send_offsets_to_transaction(
-                    {TopicPartition(topics.intents, p): next_offset}, topics.executor_group
-                )
-            await producer.commit_transaction()
+            async with asyncio.timeout(COMMIT_DEADLINE_S):
+                # Records go in as whole batches, one per topic (more only past MAX_BATCH_BYTES):
+                # one future and one accumulator entry per batch, not per record. They are in
+                # the transaction all the same: the sender adds their partitions to it, and the
+                # commit below waits for every batch to be acknowledged.
+                outcomes = _Batches(producer, topics.outcomes, p)
+                for event in batch.events:
+                    event_key, event_value, headers = self._wire.record(event)
+                    headers.append((INTENT_ID_HEADER, event.intent_id.encode("utf-8")))
+                    headers.append((ANSWER_HEADER, b"1" if answers_intent(event) else b"0"))
+                    await outcomes.append(event_key, event_value, headers)
+                states = _Batches(producer, topics.state, p)
+                for key, text in topic_pairs(batch, p):  # tombstones for expired keys: compaction
+                    state = batch.states.get(key) if text is not None else None
+                    meta = None if state is None else state_meta(state)
+                    value = None if text is None else text.encode("utf-8")
+                    pairs.append((key, value, meta))
+                    await states.append(
+                        key.encode("utf-8"), value, [] if meta is None else meta_headers(meta)
+                    )
+                letters = _Batches(producer, topics.dead_letters, p)
+                for letter in batch.dead_letters:  # the original record, with Connect's headers
+                    dead = DeadLetterRecord(
+                        topics.intents,
+                        p,
+                        -1 if letter.offset is None else letter.offset,
+                        letter.reason,
+                        letter.key,
+                        letter.value,
+                        letter.headers,
+                    )
+                    await letters.append(dead.key, dead.value, dead.kafka_headers())
+                for batches in (outcomes, states, letters):
+                    await batches.flush()
+                next_offset = batch.positions.get(p)
+                if next_offset is not None and next_offset != self._committed_offset:
+                    await producer.send_offsets_to_transaction(
+                        {TopicPartition(topics.intents, p): next_offset}, topics.executor_group
+                    )
+                await producer.commit_transaction()
         except BaseException:
             with contextlib.suppress(Exception):
-                await producer.abort_transaction()
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await producer.abort_transaction()
             raise
         if next_offset is not None:
             self._committed_offset = next_offset
@@ -145,6 +152,12 @@ class KafkaStore:
         self._local.apply(pairs, None if last is None else last + 1)
 
 
+# How long one commit may take before the partition is given up and taken over again: the
+# producer's transaction timeout (aiokafka's default, 60 s), past which the broker aborts it
+COMMIT_DEADLINE_S = 60.0
+# How long an abort or a producer's stop may take while a partition is given up (a producer
+# whose coordinator never answers would otherwise hold the release, and the rebalance, for ever)
+CLOSE_WAIT_S = 10.0
 # Upper bound of one record batch of a transaction (a single larger record still goes alone;
 # the broker's message.max.bytes, 1 MiB by default, bounds what it accepts).
 MAX_BATCH_BYTES = 512 * 1024
@@ -544,8 +557,7 @@ class KafkaExecutor:
         except BaseException:
             if executor is not None:
                 await executor.stop()
-            with contextlib.suppress(Exception):
-                await producer.stop()
+            await _stop_producer(producer)
             if local is not None:
                 local.close()
             raise
@@ -603,8 +615,7 @@ class KafkaExecutor:
                     )
             for p, owned in released:
                 await owned.executor.stop()
-                with contextlib.suppress(Exception):
-                    await owned.producer.stop()
+                await _stop_producer(owned.producer)
                 owned.local.close()
                 log.info("partition released", extra={"partition": p})
 
@@ -677,6 +688,17 @@ class KafkaExecutor:
             except Exception:
                 log.exception("executor loop error; continuing")
                 await asyncio.sleep(0.5)
+
+
+async def _stop_producer(producer: AIOKafkaProducer) -> None:
+    """Stop a partition's producer, for at most :data:`CLOSE_WAIT_S`: its pending batches
+    are flushed first, which never ends if its coordinator never answers. One left behind is
+    fenced by the next owner's ``init_transactions``."""
+    try:
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await producer.stop()
+    except Exception as exc:
+        log.warning("a partition's producer did not stop cleanly", extra={"error": repr(exc)})
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
