@@ -26,6 +26,10 @@ from toolledger.schemas.wire import SINGLE_OBJECT, WireFormat
 log = logging.getLogger("toolledger.producer")
 
 
+# how long a replaced producer may take to stop (its pending batches fail or are flushed)
+RETIRE_WAIT_S = 10.0
+
+
 class TopicLayoutError(RuntimeError):
     pass
 
@@ -43,9 +47,11 @@ class KafkaTransport:
         self.topics = topics
         self._wire = wire
         self.outcomes = OutcomeHub()
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=linger_ms
-        )
+        self._linger_ms = linger_ms
+        self._producer = self._new_producer()
+        self._renewing = asyncio.Lock()
+        self._retired: set[asyncio.Task[None]] = set()  # failed producers being stopped
+        self.renewals = 0  # producers replaced after a failed append
         self._listener = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
@@ -53,6 +59,14 @@ class KafkaTransport:
             isolation_level="read_committed",
         )
         self._task: asyncio.Task[None] | None = None
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self._linger_ms,
+        )
 
     @property
     def running(self) -> bool:
@@ -93,22 +107,68 @@ class KafkaTransport:
 
     async def _append(self, record: Event, partitions: Iterable[int]) -> None:
         key, value, headers = self._wire.record(record)
+        producer = self._producer
         try:
             sent = [
-                await self._producer.send(
+                await producer.send(
                     self.topics.intents, value, key=key, partition=p, headers=headers
                 )
                 for p in partitions
             ]
+        except KafkaError as exc:  # refused before it was sent (too large, buffer full)
+            raise TransportError(f"appending to the log failed: {type(exc).__name__}") from exc
+        try:
             await asyncio.gather(*sent)
         except KafkaError as exc:
+            await self._renew(producer, exc)
             raise TransportError(f"appending to the log failed: {type(exc).__name__}") from exc
+
+    async def _renew(self, failed: AIOKafkaProducer, error: KafkaError) -> None:
+        """Replace the producer after one of its batches failed.
+
+        An idempotent producer numbers its batches per partition; once a batch it sent has
+        failed (aiokafka gives up on a batch whose partition had no leader for longer than
+        the request timeout, e.g. through a broker restart), the broker refuses every later
+        batch of that producer with OUT_OF_ORDER_SEQUENCE_NUMBER, for ever. A new producer has
+        a new producer id and starts its numbering again. The callers of the failed appends
+        hear PENDING and call again with the same key: the ledger runs a key at most once."""
+        async with self._renewing:
+            if self._producer is not failed:
+                return  # another failed append renewed it already
+            fresh = self._new_producer()
+            try:
+                await fresh.start()
+            except BaseException as exc:
+                self._retire(fresh)
+                if not isinstance(exc, Exception):
+                    raise  # cancelled
+                log.warning(
+                    "the intent producer could not be replaced; tried again at the next failure",
+                    extra={"error": type(exc).__name__},
+                )
+                return
+            self._producer = fresh
+            self.renewals += 1
+        log.warning(
+            "the intent producer was replaced after a failed append",
+            extra={"error": type(error).__name__},
+        )
+        self._retire(failed)
+
+    def _retire(self, producer: AIOKafkaProducer) -> None:
+        """Stop ``producer`` in the background (bounded)."""
+        task = asyncio.create_task(_stop_quietly(producer))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in list(self._retired):
+            with contextlib.suppress(Exception):
+                await task
         await self._producer.stop()
         await self._listener.stop()
 
@@ -144,3 +204,8 @@ class KafkaTransport:
                     )
                     continue
                 self.outcomes.publish([event])
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), RETIRE_WAIT_S)

@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from toolledger.schemas.cloudevents import Header, group_event_headers
 from toolledger.schemas.keys import partition_for
@@ -70,13 +71,18 @@ class GroupEventRelay:
         self._partitions = topics.partitions
         self._batch = batch
         self._interval_s = interval_s
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=5
-        )
+        self._bootstrap = bootstrap
+        self._producer = self._new_producer()
+        self._producer_started = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._leading = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=5
+        )
 
     @property
     def leading(self) -> bool:
@@ -87,7 +93,7 @@ class GroupEventRelay:
         self._wake.set()
 
     async def start(self) -> None:
-        await self._producer.start()
+        await self._start_producer()
         self._task = asyncio.get_running_loop().create_task(self._keep_publishing())
 
     async def stop(self) -> None:
@@ -128,7 +134,18 @@ class GroupEventRelay:
         await self._mark(conn, [row[0] for row in rows])
         return len(rows)
 
+    async def _start_producer(self) -> None:
+        try:
+            await self._producer.start()
+        except BaseException:
+            await _stop_quietly(self._producer)
+            self._producer = self._new_producer()  # a half-started one is not started again
+            raise
+        self._producer_started = True
+
     async def _send(self, rows: list[tuple[Any, ...]]) -> None:
+        if not self._producer_started:
+            await self._start_producer()
         sent = [
             await self._producer.send(
                 self._topic,
@@ -139,7 +156,16 @@ class GroupEventRelay:
             )
             for seq, group_id, event_json, tenant in rows
         ]
-        await asyncio.gather(*sent)  # every ack before any mark
+        try:
+            await asyncio.gather(*sent)  # every ack before any mark
+        except KafkaError:
+            # a failed batch leaves a hole in the idempotent producer's sequence numbers and
+            # the broker refuses its every later batch (producers.kafka.KafkaTransport._renew):
+            # the next round sends, the unmarked rows again, through a new producer
+            failed, self._producer = self._producer, self._new_producer()
+            self._producer_started = False
+            await _stop_quietly(failed)
+            raise
 
     async def _mark(self, conn: psycopg.AsyncConnection[Any], seqs: list[int]) -> None:
         await conn.execute(_MARK, (seqs,))
@@ -179,6 +205,11 @@ class GroupEventRelay:
                 continue  # more are waiting
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval_s)
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), 10.0)
 
 
 def _headers(seq: int, group_id: str, event_json: str, tenant: str) -> list[Header]:
