@@ -54,7 +54,7 @@ async def test_a_commit_that_never_ends_raises_after_its_deadline(
     producer = HangingProducer()
     local = LocalStore(tmp_path / "p0.db", IDENTITY)
     try:
-        store = KafkaStore(producer, Topics("t.", 1), 0, local, 0)  # type: ignore[arg-type]
+        store = KafkaStore(producer, Topics("t.", 1), 0, local, 0)
         began = time.monotonic()
         with pytest.raises(TimeoutError):
             await store.commit(CommitBatch(positions={0: 5}))
@@ -71,7 +71,7 @@ async def test_a_producer_that_never_stops_is_left_behind_after_the_close_wait(
     monkeypatch.setattr(kafka_runtime, "CLOSE_WAIT_S", 0.1)
     producer = HangingProducer()
     began = time.monotonic()
-    await kafka_runtime._stop_producer(producer)  # type: ignore[arg-type]
+    await kafka_runtime._stop_producer(producer)
     assert time.monotonic() - began < 5
     assert producer.calls == ["stop"]
     assert "did not stop cleanly" in caplog.text
