@@ -50,3 +50,44 @@ async def test_the_periodic_release_runs_until_cancelled(monkeypatch: pytest.Mon
     with pytest.raises(asyncio.CancelledError):
         await task
     assert set(calls) == {0}
+
+
+def _releasing(tasks: set[asyncio.Task[object]]) -> list[str]:
+    names = (getattr(t.get_coro(), "__qualname__", "") for t in tasks)
+    return [n for n in names if n == heap.release_free_memory_every.__qualname__]
+
+
+async def test_the_library_leaves_the_host_process_alone_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import BaseModel
+
+    from toolledger import Ledger, Registry, TrustedContext
+
+    trims: list[int] = []
+
+    def trim(pad: int) -> int:
+        trims.append(pad)
+        return 1
+
+    monkeypatch.setattr(heap, "_TRIM", trim)
+    registry = Registry()
+
+    class Note(BaseModel):
+        text: str
+
+    @registry.mutation()
+    async def save_note(args: Note) -> Note:
+        """Save a note. Use when: asked to."""
+        return args
+
+    async def calls(directory: str) -> list[str]:
+        alice = TrustedContext(tenant_id="acme", principal="alice")
+        path = tmp_path / directory / "ledger.db"
+        async with Ledger.embedded(path, registry, context=alice) as ledger:
+            for n in range(20):
+                await ledger.call("save_note", {"text": "milk"}, idempotency_key=f"k{n}")
+            return _releasing(asyncio.all_tasks())
+
+    assert await calls("alone") == [] and trims == []  # an embedded ledger alone: no release
+    assert await heap.releasing_free_memory(calls("asked")) == ["release_free_memory_every"]
