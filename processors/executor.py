@@ -59,7 +59,6 @@ from toolledger.processors.ledger import (
     ChangeSwitch,
     Command,
     DecideApproval,
-    Decision,
     Execute,
     Expire,
     Gate,
@@ -73,6 +72,7 @@ from toolledger.processors.ledger import (
     RequestCancel,
     Submit,
     Sweep,
+    Verdict,
     decide,
     evolve,
     expires_at,
@@ -636,7 +636,7 @@ class Executor:
 
     def _core(
         self, state: CallState | None, command: Command, ctx: CallContext | None = None
-    ) -> Decision:
+    ) -> Verdict:
         """The pure core's decision (in a ``decide`` span of the run, when traced)."""
         run = self._run
         if run is None:

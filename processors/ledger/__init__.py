@@ -37,8 +37,8 @@ from toolledger.processors.ledger.commands import (
     TimedOut,
 )
 from toolledger.processors.ledger.decide import (
-    Decision,
     InvariantViolation,
+    Verdict,
     decide,
     expires_at,
     failure_fingerprint,
@@ -58,7 +58,6 @@ __all__ = [
     "ChangeSwitch",
     "Command",
     "DecideApproval",
-    "Decision",
     "Execute",
     "Expire",
     "Failure",
@@ -86,6 +85,7 @@ __all__ = [
     "Success",
     "Sweep",
     "TimedOut",
+    "Verdict",
     "decide",
     "evolve",
     "expires_at",

@@ -78,12 +78,14 @@ class InvariantViolation(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Verdict:
+    """What :func:`decide` answers: the events to append and what the runtime does next."""
+
     events: tuple[Event, ...] = ()
     action: Action | None = None
 
 
-def decide(state: CallState | None, command: Command) -> Decision:
+def decide(state: CallState | None, command: Command) -> Verdict:
     if isinstance(command, Submit):
         return _submit(state, command)
     if isinstance(command, AttemptFinished):
@@ -212,45 +214,45 @@ def expiry_intent_id(call_key: str, last_event_id: str) -> str:
     return "exp_" + hashlib.sha256(raw).hexdigest()[:32]
 
 
-def _expire(state: CallState | None, cmd: Expire) -> Decision:
+def _expire(state: CallState | None, cmd: Expire) -> Verdict:
     expired = _expired(state, cmd.policy, cmd.now, cmd.approvals)
-    return Decision(() if expired is None else (expired,))
+    return Verdict(() if expired is None else (expired,))
 
 
-def _submit(state: CallState | None, cmd: Submit) -> Decision:
+def _submit(state: CallState | None, cmd: Submit) -> Verdict:
     ctx, now = cmd.context, cmd.now
     expired = _expired(state, cmd.policy, now, cmd.approvals, ctx.intent_id)
     if expired is not None:  # the key is new again: decided as a first call without its
         # past (an old denial or request of the key is forgotten with it), after the expiry
         first = _submit(None, replace(cmd, approvals=None))
-        return Decision((expired, *first.events), first.action)
+        return Verdict((expired, *first.events), first.action)
     if state is None:
         book = cmd.approvals
         if book is not None and book.items and book.latest_for(ctx.args_digest) is None:
             # no call ran, but the key was taken by the arguments its approval requests are
             # for: other arguments are a reused key, as against a call state
-            return Decision((_key_reused(ctx, now, book.items[-1].args_digest),))
+            return Verdict((_key_reused(ctx, now, book.items[-1].args_digest),))
         # Past the idempotency decision: the kill switch, then the approval, then Started.
         if cmd.gate.disabled is not None:
-            return Decision((_rejected(ctx, now, cmd.gate.disabled),))
+            return Verdict((_rejected(ctx, now, cmd.gate.disabled),))
         consumed: tuple[Event, ...] = ()
         if cmd.gate.approval is not None:
             checked = _check_approval(
                 cmd.gate.approval, cmd.approvals, ctx, now, cmd.arguments_redacted_json
             )
-            if isinstance(checked, Decision):
+            if isinstance(checked, Verdict):
                 return checked
             consumed = (checked,)
         started = _started(ctx, now, 1, 1, cmd.epoch, cmd.arguments_redacted_json)
         # the token is consumed in the same atomic write as the Started event it allows
-        return Decision((*consumed, started), Execute(attempt=1, round_attempt=1))
+        return Verdict((*consumed, started), Execute(attempt=1, round_attempt=1))
     if state.args_digest != ctx.args_digest:
-        return Decision((_key_reused(ctx, now, state.args_digest),))
+        return Verdict((_key_reused(ctx, now, state.args_digest),))
     if _job_running(state) and state.status in _UNRESOLVED:
         # a long-running call's job runs (or timed out, and polls resolve it): the same job
         # answers, and nothing starts again
         assert state.job is not None
-        return Decision(
+        return Verdict(
             (
                 ToolCallJobReplayed(
                     envelope=ctx.envelope(_eid(ctx, "job-replayed"), now),
@@ -280,9 +282,9 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
             result_json=state.result_json,
             error=error,
         )
-        return Decision((replayed,))
+        return Verdict((replayed,))
     if state.status is CallStatus.PENDING:
-        return Decision(
+        return Verdict(
             (
                 _rejected(
                     ctx,
@@ -295,7 +297,7 @@ def _submit(state: CallState | None, cmd: Submit) -> Decision:
             )
         )
     if state.status is CallStatus.UNKNOWN:
-        return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
+        return Verdict(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
     return _new_round(state, ctx, now, cmd.policy, cmd.epoch, cmd.arguments_redacted_json, cmd.gate)
 
 
@@ -320,7 +322,7 @@ def _new_round(
     redacted: str,
     gate: Gate,
     prefix: tuple[Event, ...] = (),
-) -> Decision:
+) -> Verdict:
     """FAILED_RETRYABLE (or reconciled as not happened): execute again, within the round cap.
 
     The approval that let the first round start covers the later rounds of the same call
@@ -340,14 +342,14 @@ def _new_round(
             fingerprint=failure_fingerprint(ctx.tool, state.error or NOT_HAPPENED_ERROR),
             duration_ms=0,
         )
-        return Decision((*prefix, failed))
+        return Verdict((*prefix, failed))
     if gate.disabled is not None:
-        return Decision((*prefix, _rejected(ctx, now, gate.disabled)))
+        return Verdict((*prefix, _rejected(ctx, now, gate.disabled)))
     started = _started(ctx, now, attempt, state.rounds + 1, epoch, redacted)
-    return Decision((*prefix, started), Execute(attempt=attempt, round_attempt=1))
+    return Verdict((*prefix, started), Execute(attempt=attempt, round_attempt=1))
 
 
-def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
+def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Verdict:
     ctx, now, attempt, outcome = cmd.context, cmd.now, cmd.attempt, cmd.outcome
     if attempt != state.attempts:
         raise InvariantViolation(f"attempt {attempt} finished but attempt {state.attempts} ran")
@@ -356,7 +358,7 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
         if not cmd.policy.long_running:
             raise InvariantViolation("a job reference from a tool that is not long_running")
         job = JobInfo(id=outcome.job_id, progress=outcome.progress, started_at=now, updated_at=now)
-        return Decision(
+        return Verdict(
             (
                 ToolCallJobStarted(
                     envelope=env(_eid(ctx, "job-started", attempt), now),
@@ -367,7 +369,7 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
             )
         )
     if isinstance(outcome, Success):
-        return Decision(
+        return Verdict(
             (
                 ToolCallSucceeded(
                     envelope=env(_eid(ctx, "succeeded", attempt), now),
@@ -379,7 +381,7 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
             )
         )
     if isinstance(outcome, TimedOut):
-        return Decision(
+        return Verdict(
             (
                 ToolCallOutcomeUnknown(
                     envelope=env(_eid(ctx, "unknown", attempt), now),
@@ -402,18 +404,18 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
         )
 
     if not error.retryable:
-        return Decision((failed(FailureDisposition.FINAL),))
+        return Verdict((failed(FailureDisposition.FINAL),))
     if state.round_attempts < cmd.policy.max_attempts:
         started = _started(
             ctx, now, attempt + 1, state.rounds, cmd.epoch, cmd.arguments_redacted_json
         )
-        return Decision(
+        return Verdict(
             (failed(FailureDisposition.RETRY), started),
             Execute(attempt=attempt + 1, round_attempt=state.round_attempts + 1),
         )
     if state.rounds < cmd.policy.max_rounds:
-        return Decision((failed(FailureDisposition.RETRYABLE),))
-    return Decision(
+        return Verdict((failed(FailureDisposition.RETRYABLE),))
+    return Verdict(
         (
             failed(
                 FailureDisposition.FINAL,
@@ -427,7 +429,7 @@ def _attempt_finished(state: CallState, cmd: AttemptFinished) -> Decision:
     )
 
 
-def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
+def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Verdict:
     ctx, now, outcome = cmd.context, cmd.now, cmd.outcome
     n = state.reconcile_attempts + 1
 
@@ -442,7 +444,7 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
         )
 
     if isinstance(outcome, Found):
-        return Decision(
+        return Verdict(
             (
                 reconciled(
                     Resolution.SUCCEEDED,
@@ -452,9 +454,9 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
             )
         )
     if isinstance(outcome, FoundFailed):
-        return Decision((reconciled(Resolution.FAILED_FINAL, error=outcome.error),))
+        return Verdict((reconciled(Resolution.FAILED_FINAL, error=outcome.error),))
     if isinstance(outcome, Inconclusive):
-        return Decision(
+        return Verdict(
             (
                 reconciled(
                     Resolution.INCONCLUSIVE,
@@ -467,7 +469,7 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
     assert isinstance(outcome, NotHappened)
     not_happened = reconciled(Resolution.NOT_HAPPENED, error=NOT_HAPPENED_ERROR)
     if not cmd.by_intent:
-        return Decision((not_happened,))
+        return Verdict((not_happened,))
     after = state.model_copy(
         update={"status": CallStatus.FAILED_RETRYABLE, "reconcile_attempts": n}
     )
@@ -483,13 +485,13 @@ def _reconcile_finished(state: CallState, cmd: ReconcileFinished) -> Decision:
     )
 
 
-def _recover(state: CallState | None, cmd: Recover) -> Decision:
+def _recover(state: CallState | None, cmd: Recover) -> Verdict:
     # Executor invariant, takeover half: a key found PENDING with no terminal event becomes
     # UNKNOWN and goes to reconcile; it is never re-run blind.
     if state is None or state.status is not CallStatus.PENDING or _job_running(state):
-        return Decision()  # a started job outlives its executor: polls go on
+        return Verdict()  # a started job outlives its executor: polls go on
     ctx = state.context
-    return Decision(
+    return Verdict(
         (
             ToolCallOutcomeUnknown(
                 envelope=ctx.envelope(_eid(ctx, "unknown", state.attempts), cmd.now),
@@ -501,7 +503,7 @@ def _recover(state: CallState | None, cmd: Recover) -> Decision:
     )
 
 
-def _sweep(state: CallState | None, cmd: Sweep) -> Decision:
+def _sweep(state: CallState | None, cmd: Sweep) -> Verdict:
     if state is not None and _job_running(state) and cmd.policy.long_running:
         assert state.job is not None
         timeout = cmd.policy.job_timeout_s
@@ -517,29 +519,29 @@ def _sweep(state: CallState | None, cmd: Sweep) -> Decision:
                 reason=f"The job {state.job.id} ran longer than its timeout of {timeout:g} s; "
                 "its poll decides the outcome.",
             )
-            return Decision((unknown,))
+            return Verdict((unknown,))
         if state.status in _UNRESOLVED:
-            return Decision(action=Poll())
-        return Decision()
+            return Verdict(action=Poll())
+        return Verdict()
     if state is None or state.status is not CallStatus.UNKNOWN or not cmd.policy.has_reconcile:
-        return Decision()
-    return Decision(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
+        return Verdict()
+    return Verdict(action=Reconcile(reconcile_attempt=state.reconcile_attempts + 1))
 
 
-def _approval_invalid(ctx: CallContext, now: datetime, message: str) -> Decision:
-    return Decision((_rejected(ctx, now, ErrorInfo.of(ErrorCode.APPROVAL_INVALID, message)),))
+def _approval_invalid(ctx: CallContext, now: datetime, message: str) -> Verdict:
+    return Verdict((_rejected(ctx, now, ErrorInfo.of(ErrorCode.APPROVAL_INVALID, message)),))
 
 
 def _check_approval(
     gate: ApprovalGate, book: ApprovalBook | None, ctx: CallContext, now: datetime, redacted: str
-) -> Decision | ApprovalConsumed:
+) -> Verdict | ApprovalConsumed:
     """The call may start (the token's consumption) or the refusal that answers it, by the
     key's approval ``book``."""
     book = book or ApprovalBook()
     if gate.token_digest is None:
         latest = book.latest_for(ctx.args_digest)
         if latest is not None and latest.status is ApprovalStatus.DENIED:
-            return Decision(
+            return Verdict(
                 (
                     _rejected(
                         ctx,
@@ -575,7 +577,7 @@ def _check_approval(
             approval_id, expires_at = latest.approval_id, latest.expires_at
         else:
             approval_id, expires_at = gate.new_approval_id, now + gate.request_ttl
-        return Decision(
+        return Verdict(
             (
                 ApprovalRequested(
                     envelope=ctx.envelope(_eid(ctx, "approval-requested"), now),
@@ -605,7 +607,7 @@ def _check_approval(
     )
 
 
-def _decide_approval(cmd: DecideApproval) -> Decision:
+def _decide_approval(cmd: DecideApproval) -> Verdict:
     decision, env = cmd.decision, cmd.decision.envelope
     ctx, now = CallContext.of(env), env.occurred_at
     approval = cmd.book.get(decision.approval_id) if cmd.book else None
@@ -624,13 +626,13 @@ def _decide_approval(cmd: DecideApproval) -> Decision:
             ctx, now, "The approval request is expired: it cannot be decided again."
         )
     kind = "approval-granted" if isinstance(decision, ApprovalGranted) else "approval-denied"
-    return Decision((decision.model_copy(update={"envelope": ctx.envelope(_eid(ctx, kind), now)}),))
+    return Verdict((decision.model_copy(update={"envelope": ctx.envelope(_eid(ctx, kind), now)}),))
 
 
-def _change_switch(cmd: ChangeSwitch) -> Decision:
+def _change_switch(cmd: ChangeSwitch) -> Verdict:
     env = cmd.change.envelope
     stamped = env.model_copy(update={"event_id": f"{env.intent_id}/switch/{cmd.partition}"})
-    return Decision((cmd.change.model_copy(update={"envelope": stamped}),))
+    return Verdict((cmd.change.model_copy(update={"envelope": stamped}),))
 
 
 # -- long-running calls: the job's poll, its report, its cancellation ----------------------
@@ -640,11 +642,11 @@ def _job_running(state: CallState) -> bool:
     return state.job is not None and state.job.status is JobStatus.RUNNING
 
 
-def _job_refused(cmd: JobUpdate | RequestCancel, code: ErrorCode, message: str) -> Decision:
-    return Decision((_rejected(cmd.context, cmd.now, ErrorInfo.of(code, message)),))
+def _job_refused(cmd: JobUpdate | RequestCancel, code: ErrorCode, message: str) -> Verdict:
+    return Verdict((_rejected(cmd.context, cmd.now, ErrorInfo.of(code, message)),))
 
 
-def _no_job(state: CallState | None, cmd: JobUpdate | RequestCancel) -> Decision | None:
+def _no_job(state: CallState | None, cmd: JobUpdate | RequestCancel) -> Verdict | None:
     """The refusal when the call has no running job (``None``: it has one)."""
     if state is None or state.job is None:
         return _job_refused(cmd, ErrorCode.JOB_NOT_FOUND, "This call has no job.")
@@ -655,20 +657,20 @@ def _no_job(state: CallState | None, cmd: JobUpdate | RequestCancel) -> Decision
     return None
 
 
-def _job_update(state: CallState | None, cmd: JobUpdate) -> Decision:
+def _job_update(state: CallState | None, cmd: JobUpdate) -> Verdict:
     """The first word that finishes a job wins: any later poll, report or cancel finds it
     finished (a report or cancel is refused, a poll records nothing)."""
     refused = _no_job(state, cmd)
     if refused is not None:
-        return refused if cmd.by_intent else Decision()
+        return refused if cmd.by_intent else Verdict()
     assert state is not None and state.job is not None
     ctx, now, outcome, job = cmd.context, cmd.now, cmd.outcome, state.job
     if isinstance(outcome, JobRunning):
         if not cmd.by_intent and outcome.progress == job.progress:
-            return Decision()  # a poll that learnt nothing new records nothing
+            return Verdict()  # a poll that learnt nothing new records nothing
         progressed = job.model_copy(update={"progress": outcome.progress, "updated_at": now})
         n = state.job_updates + 1
-        return Decision(
+        return Verdict(
             (
                 ToolCallJobProgressed(
                     envelope=ctx.envelope(_eid(ctx, "job-progress", n), now),
@@ -688,10 +690,10 @@ def _job_update(state: CallState | None, cmd: JobUpdate) -> Decision:
             fields |= {"resolution": Resolution.SUCCEEDED, "result_json": outcome.result_json}
         else:
             fields |= {"resolution": Resolution.FAILED_FINAL, "error": _job_error(outcome)}
-        return Decision((ToolCallReconciled.model_validate(fields),))
+        return Verdict((ToolCallReconciled.model_validate(fields),))
     duration_ms = max(0, int((now - job.started_at).total_seconds() * 1000))
     if isinstance(outcome, JobSucceeded):
-        return Decision(
+        return Verdict(
             (
                 ToolCallSucceeded(
                     envelope=ctx.envelope(_eid(ctx, "succeeded", state.attempts), now),
@@ -706,7 +708,7 @@ def _job_update(state: CallState | None, cmd: JobUpdate) -> Decision:
     retryable = (
         isinstance(outcome, JobFailed) and error.retryable and state.rounds < cmd.policy.max_rounds
     )
-    return Decision(
+    return Verdict(
         (
             ToolCallFailed(
                 envelope=ctx.envelope(_eid(ctx, "failed", state.attempts), now),
@@ -726,7 +728,7 @@ def _job_error(outcome: JobFailed | JobCancelled) -> ErrorInfo:
     return ErrorInfo.of(ErrorCode.CANCELLED, outcome.reason)
 
 
-def _request_cancel(state: CallState | None, cmd: RequestCancel) -> Decision:
+def _request_cancel(state: CallState | None, cmd: RequestCancel) -> Verdict:
     refused = _no_job(state, cmd)
     if refused is not None:
         return refused
@@ -734,4 +736,4 @@ def _request_cancel(state: CallState | None, cmd: RequestCancel) -> Decision:
         return _job_refused(
             cmd, ErrorCode.JOB_NOT_CANCELLABLE, "The tool of this job has no cancel."
         )
-    return Decision(action=Cancel())
+    return Verdict(action=Cancel())

@@ -22,7 +22,6 @@ from toolledger.processors.ledger import (
     AttemptOutcome,
     CallContext,
     CallState,
-    Decision,
     Execute,
     Failure,
     Found,
@@ -38,6 +37,7 @@ from toolledger.processors.ledger import (
     Success,
     Sweep,
     TimedOut,
+    Verdict,
     decide,
     evolve,
     fold,
@@ -232,7 +232,7 @@ class Simulation:
     # -- applying a decision ---------------------------------------------------------------
 
     def record(
-        self, m: KeyModel, decision: Decision, ctx: CallContext | None, by_intent: bool
+        self, m: KeyModel, decision: Verdict, ctx: CallContext | None, by_intent: bool
     ) -> None:
         before = m.state
         for event in decision.events:
@@ -528,7 +528,7 @@ def test_the_simulation_can_see_a_double_execution() -> None:
     # a broken runtime ignores the state and runs the handler again with a success
     m.effects += 1
     try:
-        sim.record(m, Decision(), None, by_intent=False)
+        sim.record(m, Verdict(), None, by_intent=False)
     except AssertionError as exc:
         assert "2 effects" in str(exc)
     else:  # pragma: no cover - the check above must fire
