@@ -253,7 +253,12 @@ def jwt_server(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     workdir = tmp_path_factory.mktemp("http-jwt")
     jwks = workdir / "jwks.json"
     jwks.write_text(json.dumps(keys.jwks()))
-    running = start_guarded(workdir, jwks=jwks, issuer=ISSUER, audience=AUDIENCE)
+    # this module refuses well over the default burst of 100 tokens from one address on
+    # purpose (4 per bad-token case, 25 cases): the throttle those would trip is not what it
+    # tests (tests/faults/test_auth_throttle.py does), so its bucket is made deep enough here
+    policy = workdir / "policy.json"
+    policy.write_text(json.dumps({"rate_limits": {"auth_failures": {"rate": 1, "burst": 10_000}}}))
+    running = start_guarded(workdir, jwks=jwks, issuer=ISSUER, audience=AUDIENCE, policy=policy)
     try:
         yield running
     finally:
