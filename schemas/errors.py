@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class ErrorCode(StrEnum):
@@ -143,3 +143,16 @@ class FieldError(BaseModel):
     loc: str
     msg: str
     type: str
+
+
+def one_line(exc: ValidationError, root: str = "$", most: int = 5) -> str:
+    """A validation error of a file or a setting as one line: ``where: what`` for each of its
+    first ``most`` errors (``root`` names the document itself), joined by ``; ``."""
+    errors = exc.errors(include_url=False)
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg'].removeprefix('Value error, ')}"
+        for e in errors[:most]
+    ]
+    if len(errors) > most:
+        parts.append(f"and {len(errors) - most} more")
+    return "; ".join(parts)

@@ -22,6 +22,7 @@ from toolledger.processors.key_cache import DEFAULT_CACHE_ENTRIES
 from toolledger.processors.pipeline import DEFAULT_APPROVAL_REQUEST_TTL, DEFAULT_MAX_ARGUMENT_BYTES
 from toolledger.processors.runtime.embedded import DEFAULT_INTENTS_RETENTION_S
 from toolledger.processors.tools.retention import FOREVER, KeyRetention, parse_retention
+from toolledger.schemas.errors import one_line
 from toolledger.schemas.keys import KeyScope
 from toolledger.schemas.topics import Topics
 
@@ -103,12 +104,4 @@ class LedgerSettings(BaseModel):
         try:
             return cls(**given)
         except ValidationError as exc:
-            raise ConfigError(_one_line(exc)) from None
-
-
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: "
-        + error["msg"].removeprefix("Value error, ")
-        for error in exc.errors(include_url=False)
-    )
+            raise ConfigError(one_line(exc, root="settings")) from None

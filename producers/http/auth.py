@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from toolledger.producers.client import TrustedContext
 from toolledger.producers.http.ratelimit import AuthThrottle
+from toolledger.schemas.errors import one_line
 
 log = logging.getLogger("toolledger.http.auth")
 
@@ -130,7 +131,9 @@ def _digests(entries: list[TokenEntry]) -> dict[bytes, TrustedContext]:
 def _read_tokens(path: Path) -> list[TokenEntry]:
     try:
         return TokensFile.model_validate(json.loads(path.read_text())).tokens
-    except (OSError, ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        raise TokenFileError(f"{path}: not a usable tokens file ({one_line(exc)})") from None
+    except (OSError, ValueError) as exc:
         raise TokenFileError(f"{path}: not a usable tokens file ({exc})") from None
 
 

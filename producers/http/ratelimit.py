@@ -67,6 +67,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolledger.schemas.errors import one_line
+
 PRUNE_EVERY = 1024
 
 
@@ -115,7 +117,7 @@ class RatePolicy:
             return cls(PolicyFile.model_validate(document).rate_limits)
         except ValidationError as exc:
             raise PolicyError(
-                f"{source}: not a usable rate limit policy ({_errors(exc)})"
+                f"{source}: not a usable rate limit policy ({one_line(exc)})"
             ) from None
 
     @classmethod
@@ -129,12 +131,6 @@ class RatePolicy:
         return cls.from_dict(document, str(path))
 
 
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or '$'}: {e['msg']}" for e in exc.errors()[:5]
-    )
-
-
 def manifest_limit(tool: str, manifest: Mapping[str, Any]) -> ToolLimit | None:
     """The ``rate_limit`` of a tool manifest, if it has one (a tool limit or a bare bucket)."""
     raw = manifest.get("rate_limit")
@@ -146,7 +142,7 @@ def manifest_limit(tool: str, manifest: Mapping[str, Any]) -> ToolLimit | None:
         return ToolLimit.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(
-            f"tool {tool}: unusable rate_limit in its manifest ({_errors(exc)})"
+            f"tool {tool}: unusable rate_limit in its manifest ({one_line(exc)})"
         ) from None
 
 

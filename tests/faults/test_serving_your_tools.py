@@ -171,3 +171,23 @@ def test_replay_writes_nothing_beside_the_ledger(tmp_path: Path) -> None:
         after = {p.name for p in (tmp_path / "data").iterdir()}
         assert after - before <= {"ledger.db-wal", "ledger.db-shm"}, after - before
         assert not (tmp_path / "helpdesk.db").exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_a_tokens_file_that_does_not_validate_is_one_line_naming_each_entry(
+    tmp_path: Path, command: str
+) -> None:
+    project = _project(tmp_path)
+    (project / "tokens.json").write_text(
+        '{"tokens": [{"token": "short", "tenant": "dev", "principal": "alice"},'
+        ' {"tenant": "dev", "principal": "bob", "token": "x" }]}'
+    )
+    args = [command, "--tools", "mytools:registry", "--data", "d", "--tokens", "tokens.json"]
+    if command == "mcp":
+        args += ["--transport", "http"]
+    refused = _run(project, *args)
+    assert refused.returncode == 2
+    line = _one_line(refused)
+    assert "tokens.json: not a usable tokens file" in line
+    assert "tokens.0.token: String should have at least 16 characters" in line
+    assert "tokens.1.token" in line and not (project / "d").exists()
