@@ -626,7 +626,7 @@ ServePartitionsOption = Annotated[
 @command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port.")] = 8080,
     data: options.DataOption = Path(".toolledger"),
     tokens: options.TokensOption = Path("tokens.json"),
     tools: options.ToolsOption = None,
@@ -758,14 +758,6 @@ def serve(
             "[red]--mcp serves from one process (MCP sessions live in it): use --workers 1[/]"
         )
         raise typer.Exit(2)
-    if kafka is None:  # the embedded ledger's directory; the demo's store beside the ledger
-        try:
-            data.mkdir(parents=True, exist_ok=True)
-            source.make_store()
-        except (ConfigError, OSError) as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from None
-
     security = options.security(
         token_store,
         jwks,
@@ -779,6 +771,19 @@ def serve(
         approval_token_ttl=timedelta(seconds=approval_ttl_s),
         run_budget=RunBudget(run_max_attempts, run_max_repeats) if run_max_attempts else None,
     )
+    try:  # the JWKS, the JWT settings and the policy, before anything is written
+        security.build(registry)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    if kafka is None:  # the embedded ledger's directory; the demo's store beside the ledger
+        try:
+            data.mkdir(parents=True, exist_ok=True)
+            source.make_store()
+        except (ConfigError, OSError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+
     spec = _DoorSpec(
         tools=source,
         settings=settings,

@@ -178,7 +178,7 @@ def register_mcp_command(app: typer.Typer) -> None:
             Transport, typer.Option("--transport", help="stdio, or streamable HTTP.")
         ] = Transport.STDIO,
         host: Annotated[str, typer.Option(help="HTTP: address to listen on.")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="HTTP: port.")] = 8081,
+        port: Annotated[int, typer.Option(min=0, max=65535, help="HTTP: port.")] = 8081,
         data: options.DataOption = Path(".toolledger"),
         tokens: options.TokensOption = Path("tokens.json"),
         token: Annotated[

@@ -191,3 +191,35 @@ def test_a_tokens_file_that_does_not_validate_is_one_line_naming_each_entry(
     assert "tokens.json: not a usable tokens file" in line
     assert "tokens.0.token: String should have at least 16 characters" in line
     assert "tokens.1.token" in line and not (project / "d").exists()
+
+
+BAD_SETTINGS = {
+    "policy": (
+        ["--policy", "policy.json"],
+        "policy.json: not a usable rate limit policy (rate_limits.tenant.rate:",
+    ),
+    "jwks not json": (
+        ["--jwks", "broken.json", "--jwt-issuer", "i", "--jwt-audience", "a"],
+        "broken.json: not JSON",
+    ),
+    "jwks missing": (
+        ["--jwks", "nosuch.json", "--jwt-issuer", "i", "--jwt-audience", "a"],
+        "nosuch.json: cannot read the JWKS file",
+    ),
+    "port": (["--port", "65536"], "Invalid value for '--port'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
+def test_serve_refuses_bad_settings_before_it_writes_anything(tmp_path: Path, case: str) -> None:
+    project = _project(tmp_path)
+    (project / "policy.json").write_text('{"rate_limits": {"tenant": {"rate": -1, "burst": 1}}}')
+    (project / "broken.json").write_text("{not json")
+    extra, expected = BAD_SETTINGS[case]
+    refused = _run(
+        project, "serve", "--demo", "--data", "d", "--create", "--tokens", "tokens.json", *extra
+    )
+    assert refused.returncode == 2
+    assert expected in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr
+    assert not (project / "d").exists()  # neither the ledger nor the demo's store
