@@ -72,6 +72,10 @@ command = functools.partial(app.command, cls=SectionedCommand)
 console = Console(soft_wrap=True)  # an error is one line, whatever the width
 
 
+def _say(line: str) -> None:
+    console.print(line, style="red", markup=False, highlight=False)
+
+
 def _require(*extras: str, what: str) -> None:
     """Exit 2 with the ``pip install`` line if an optional dependency is missing."""
     try:
@@ -222,9 +226,12 @@ def executor(
         raise typer.Exit(2) from None
     _tracing()
     try:
-        asyncio.run(
-            releasing_free_memory(run_executor(settings, registry, secret, ready_file=ready_file))
-        )
+        with options.services_reached(kafka, _say):
+            asyncio.run(
+                releasing_free_memory(
+                    run_executor(settings, registry, secret, ready_file=ready_file)
+                )
+            )
     except ConfigError as exc:  # a key retention the deployment's record disagrees with
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -317,7 +324,8 @@ def topics(
         return applied, await recorded_key_retention(kafka, layout)
 
     try:
-        applied, recorded = asyncio.run(run())
+        with options.services_reached(kafka, _say):
+            applied, recorded = asyncio.run(run())
     except (TopicError, ConfigError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
@@ -401,18 +409,19 @@ def projector(
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     topics = Topics(prefix, partitions)
-    asyncio.run(
-        releasing_free_memory(
-            run_projector(
-                kafka,
-                postgres,
-                topics,
-                ready_file=ready_file,
-                batch_max=batch_max,
-                audit_retention=keep,
+    with options.services_reached(kafka, _say):
+        asyncio.run(
+            releasing_free_memory(
+                run_projector(
+                    kafka,
+                    postgres,
+                    topics,
+                    ready_file=ready_file,
+                    batch_max=batch_max,
+                    audit_retention=keep,
+                )
             )
         )
-    )
 
 
 @command()
@@ -804,7 +813,8 @@ def serve(
         raise typer.Exit(code)
     _tracing()
     try:
-        serving.run(releasing_free_memory(spec.serve(registry, host=host, port=port, mcp=mcp)))
+        with options.services_reached(kafka, _say):
+            serving.run(releasing_free_memory(spec.serve(registry, host=host, port=port, mcp=mcp)))
     except (ConfigError, LedgerFileError) as exc:  # JWKS, JWT settings, policy, ledger file
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

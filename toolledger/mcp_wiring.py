@@ -270,8 +270,12 @@ def register_mcp_command(app: typer.Typer) -> None:
                 else:
                     await serve_http(front, host, port, wait_s=wait)
 
+        def say(line: str) -> None:
+            _err.print(line, style="red", markup=False, highlight=False)
+
         try:
-            asyncio.run(releasing_free_memory(main()))
+            with options.services_reached(kafka, say):
+                asyncio.run(releasing_free_memory(main()))
         except (LedgerFileError, ConfigError) as exc:  # e.g. another process holds the ledger
             _err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None

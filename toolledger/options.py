@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -322,3 +324,47 @@ def security(
         jwt_claims=ClaimNames(jwt_tenant_claim, jwt_principal_claim, jwt_scopes_claim),
         **governance,
     )
+
+
+def _unreachable() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """The errors of a Kafka cluster and of a PostgreSQL server that cannot be reached (none
+    where the extra that brings its client is not installed)."""
+    kafka: tuple[type[BaseException], ...] = ()
+    postgres: tuple[type[BaseException], ...] = ()
+    try:
+        from aiokafka.errors import KafkaConnectionError
+
+        kafka = (KafkaConnectionError,)
+    except ImportError:
+        pass
+    try:
+        from psycopg import OperationalError
+
+        from toolledger.projections.postgres import ProjectionUnavailable
+
+        postgres = (OperationalError, ProjectionUnavailable)
+    except ImportError:
+        pass
+    return kafka, postgres
+
+
+@contextlib.contextmanager
+def services_reached(kafka: str | None, say: Callable[[str], None]) -> Iterator[None]:
+    """A command of the distributed backend whose Kafka cluster or PostgreSQL server cannot be
+    reached says so in one line (``say``) and exits 1, instead of a traceback."""
+    kafka_down, postgres_down = _unreachable()
+    try:
+        yield
+    except kafka_down as exc:
+        say(
+            f"cannot reach Kafka at {kafka} ({' '.join(str(exc).split())}): start the broker, "
+            "or name it with --kafka or TOOLLEDGER_KAFKA"
+        )
+        raise typer.Exit(1) from None
+    except postgres_down as exc:
+        why = " ".join(str(exc.__cause__ or exc).split())
+        say(
+            f"cannot reach PostgreSQL ({why}): start it, or name it with --postgres or "
+            "TOOLLEDGER_POSTGRES"
+        )
+        raise typer.Exit(1) from None
