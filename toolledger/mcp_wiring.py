@@ -237,15 +237,7 @@ def register_mcp_command(app: typer.Typer) -> None:
                 jwt_principal_claim,
                 jwt_scopes_claim,
             )
-            # the JWKS file and the JWT settings, checked before any backend is opened
-            wiring.authenticator(
-                security.tokens,
-                security.jwks,
-                security.issuer,
-                security.audience,
-                algorithms=security.jwt_algorithms,
-                claims=security.jwt_claims,
-            )
+            security.build(registry)  # the JWKS and the JWT settings, before anything is opened
             settings = options.door_settings(
                 data,
                 create,

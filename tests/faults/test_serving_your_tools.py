@@ -223,3 +223,17 @@ def test_serve_refuses_bad_settings_before_it_writes_anything(tmp_path: Path, ca
     assert expected in refused.stdout + refused.stderr, refused.stdout + refused.stderr
     assert "Traceback" not in refused.stdout + refused.stderr
     assert not (project / "d").exists()  # neither the ledger nor the demo's store
+
+
+@pytest.mark.parametrize("case", ["jwks not json", "jwks missing"])
+def test_mcp_refuses_a_bad_jwks_before_it_writes_anything(tmp_path: Path, case: str) -> None:
+    project = _project(tmp_path)
+    (project / "broken.json").write_text("{not json")
+    extra, expected = BAD_SETTINGS[case]
+    refused = _run(
+        project, "mcp", "--demo", "--data", "d", "--create", "--tokens", "tokens.json",
+        "--transport", "http", *extra,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert expected in _one_line(refused)
+    assert not (project / "d").exists()
